@@ -1,0 +1,82 @@
+"""A small Django project that sends its mail through the outbox.
+
+Environment: REDIS_URL (default redis://127.0.0.1:6379/0), EXAMPLE_DB_PATH,
+EXAMPLE_MAIL_DIR (where the worker writes delivered mail, one file per message).
+"""
+
+import os
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
+DEBUG = True
+ALLOWED_HOSTS = ["127.0.0.1", "localhost"]
+USE_TZ = True
+TIME_ZONE = "UTC"
+ROOT_URLCONF = "example_project.urls"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+DEFAULT_FROM_EMAIL = "Example Shop <shop@example.com>"
+STATIC_URL = "static/"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "outbox",
+    "example_project.shop",
+]
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+DATABASES = {
+    "default": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": os.environ.get("EXAMPLE_DB_PATH", str(BASE_DIR.parent / "example.sqlite3")),
+        "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
+    }
+}
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0"),
+    }
+}
+
+# The worker writes each delivered message to a file here, for you to read.
+EMAIL_FILE_PATH = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR.parent / "sent_mail"))
+
+OUTBOX = {
+    "REDIS_CACHE": "default",
+    "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
+}

@@ -1,0 +1,316 @@
+"""``enqueue_email``: put an email in the outbox, one delivery per recipient."""
+
+from __future__ import annotations
+
+import logging
+import mimetypes
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.conf import settings
+from django.db import router, transaction
+from django.utils import timezone
+from django.utils.translation import gettext as _
+
+from . import signals
+from .conf import PRIORITIES, outbox_settings
+from .models import Attachment, Delivery, Email
+from .queue import QueueEntry, RedisQueue
+from .validation import (
+    check_text,
+    field_error,
+    normalize_address,
+    normalize_address_list,
+    normalize_headers,
+    require_type,
+)
+
+logger = logging.getLogger("outbox.enqueue")
+
+# Chunk size of `recipient__in` look-ups (SQLite limits query parameters).
+_IN_CHUNK = 500
+
+
+@dataclass
+class _Prepared:
+    """Validated input of one enqueue call, ready to be written."""
+
+    subject: str
+    body: str
+    from_email: str
+    recipients: list[str]
+    html_message: str = ""
+    reply_to: list[str] = field(default_factory=list)
+    headers: dict[str, str] = field(default_factory=dict)
+    attachments: list[tuple[str, bytes, str]] = field(default_factory=list)
+    send_at: datetime | None = None
+    priority: str = "normal"
+    idempotency_key: str | None = None
+    max_attempts: int = 5
+
+
+def enqueue_email(
+    subject: str,
+    message: str,
+    from_email: str | None,
+    recipient_list: Sequence[str],
+    *,
+    html_message: str | None = None,
+    reply_to: Sequence[str] | None = None,
+    headers: dict[str, str] | None = None,
+    attachments: Sequence[tuple[str, bytes | str, str | None]] | None = None,
+    send_at: datetime | None = None,
+    priority: str = "normal",
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+) -> list[Delivery]:
+    """Queue an email: one :class:`~outbox.models.Delivery` per distinct recipient.
+
+    The first four arguments mean what they mean in
+    :func:`django.core.mail.send_mail`; ``from_email=None`` uses
+    ``DEFAULT_FROM_EMAIL``. Each recipient gets a copy addressed to them alone.
+
+    Transactional: called inside ``transaction.atomic()``, the rows belong to the
+    caller's transaction and a rollback means no email, ever. Row ids are pushed
+    to Redis only after the commit; if Redis is unreachable then, a warning is
+    logged and ``outbox_sweep`` mirrors the rows later.
+
+    With ``idempotency_key``, a recipient that already has a delivery under that
+    key gets no new one: the existing delivery is returned instead, also when
+    two calls race.
+
+    Raises :class:`~django.core.exceptions.ValidationError` naming the field for
+    bad input (and :class:`TypeError` for a value of the wrong type) before
+    anything is written.
+    """
+    prepared = _prepare(
+        subject,
+        message,
+        from_email,
+        recipient_list,
+        html_message=html_message,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+    )
+    return _write(prepared)
+
+
+def _prepare(
+    subject: Any,
+    message: Any,
+    from_email: Any,
+    recipient_list: Any,
+    *,
+    html_message: Any,
+    reply_to: Any,
+    headers: Any,
+    attachments: Any,
+    send_at: Any,
+    priority: Any,
+    idempotency_key: Any,
+    max_attempts: Any,
+) -> _Prepared:
+    require_type("subject", subject, str, "a string")
+    check_text("subject", subject, single_line=True)
+    require_type("message", message, str, "a string")
+    check_text("message", message, single_line=False)
+    if html_message is not None:
+        require_type("html_message", html_message, str, "a string")
+        check_text("html_message", html_message, single_line=False)
+
+    if from_email is None:
+        from_email = settings.DEFAULT_FROM_EMAIL
+    sender, _bare = normalize_address("from_email", from_email)
+
+    recipients = normalize_address_list("recipient_list", recipient_list)
+    if not recipients:
+        raise field_error("recipient_list", _("At least one recipient is required."), "required")
+
+    reply = [] if reply_to is None else normalize_address_list("reply_to", reply_to)
+    extra_headers = normalize_headers(headers)
+    files = _prepare_attachments(attachments)
+
+    if send_at is not None:
+        require_type("send_at", send_at, datetime, "a datetime")
+        if timezone.is_naive(send_at):
+            raise field_error("send_at", _("send_at must be timezone-aware."), "naive")
+
+    require_type("priority", priority, str, "a string")
+    if priority not in PRIORITIES:
+        raise field_error(
+            "priority",
+            _("Unknown priority %(value)r; use one of %(choices)s.")
+            % {"value": priority, "choices": ", ".join(PRIORITIES)},
+        )
+
+    if idempotency_key is not None:
+        require_type("idempotency_key", idempotency_key, str, "a string")
+        check_text("idempotency_key", idempotency_key, single_line=True)
+        if not 0 < len(idempotency_key) <= 255:
+            raise field_error(
+                "idempotency_key", _("The idempotency key must be 1 to 255 characters.")
+            )
+
+    if max_attempts is None:
+        max_attempts = outbox_settings.MAX_ATTEMPTS
+    require_type("max_attempts", max_attempts, int, "an integer")
+    if max_attempts < 1:
+        raise field_error("max_attempts", _("max_attempts must be at least 1."), "min_value")
+
+    return _Prepared(
+        subject=subject,
+        body=message,
+        from_email=sender,
+        recipients=recipients,
+        html_message=html_message or "",
+        reply_to=reply,
+        headers=extra_headers,
+        attachments=files,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+    )
+
+
+def _prepare_attachments(attachments: Any) -> list[tuple[str, bytes, str]]:
+    if attachments is None:
+        return []
+    if isinstance(attachments, (str, bytes)) or not isinstance(attachments, Iterable):
+        raise TypeError("attachments must be a list of (filename, content, mimetype) tuples")
+    result = []
+    for item in attachments:
+        if not isinstance(item, tuple) or len(item) != 3:
+            raise TypeError("each attachment must be a (filename, content, mimetype) tuple")
+        name, content, mimetype = item
+        name = name or ""
+        require_type("attachments", name, str, "a file name string")
+        check_text("attachments", name, single_line=True)
+        if isinstance(content, str):
+            check_text("attachments", content, single_line=False)
+            content = content.encode("utf-8")
+        require_type("attachments", content, (bytes, bytearray, memoryview), "bytes or str")
+        if mimetype is None:
+            mimetype = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        require_type("attachments", mimetype, str, "a MIME type string")
+        check_text("attachments", mimetype, single_line=True)
+        result.append((name, bytes(content), mimetype))
+    return result
+
+
+def make_message_id(domain: str) -> str:
+    """A globally unique Message-ID for one recipient's copy."""
+    return f"<{uuid.uuid4().hex}@{domain}>"
+
+
+def _message_id_domain(from_email: str) -> str:
+    domain = outbox_settings.MESSAGE_ID_DOMAIN or from_email.rpartition("@")[2].rstrip(">")
+    try:
+        return domain.encode("idna").decode("ascii") or "localhost"
+    except UnicodeError:
+        return "localhost"
+
+
+def _write(p: _Prepared) -> list[Delivery]:
+    using = router.db_for_write(Delivery)
+    now = timezone.now()
+    not_before = p.send_at or now
+    domain = _message_id_domain(p.from_email)
+    with transaction.atomic(using=using):
+        existing: dict[str, Delivery] = {}
+        if p.idempotency_key is not None:
+            existing = _existing(using, p.idempotency_key, p.recipients)
+        missing = [r for r in p.recipients if r not in existing]
+        if not missing:
+            return [existing[r] for r in p.recipients]
+
+        email = Email.objects.using(using).create(
+            subject=p.subject,
+            body=p.body,
+            html_message=p.html_message,
+            from_email=p.from_email,
+            reply_to=p.reply_to,
+            headers=p.headers,
+            created_at=now,
+        )
+        if p.attachments:
+            Attachment.objects.using(using).bulk_create(
+                Attachment(email=email, name=name, content=content, mimetype=mimetype)
+                for name, content, mimetype in p.attachments
+            )
+        rows = [
+            Delivery(
+                email=email,
+                recipient=recipient,
+                priority=p.priority,
+                max_attempts=p.max_attempts,
+                not_before=not_before,
+                message_id=make_message_id(domain),
+                idempotency_key=p.idempotency_key,
+                created_at=now,
+                updated_at=now,
+            )
+            for recipient in missing
+        ]
+        if p.idempotency_key is None:
+            created = Delivery.objects.using(using).bulk_create(rows)
+        else:
+            # A concurrent call with the same key may insert the same
+            # (key, recipient) first: ON CONFLICT DO NOTHING waits for it and
+            # skips, and the re-read below returns whichever row won.
+            Delivery.objects.using(using).bulk_create(rows, ignore_conflicts=True)
+            existing = _existing(using, p.idempotency_key, p.recipients)
+            created = [d for d in existing.values() if d.email_id == email.pk]
+            if not created:
+                email.delete()
+
+        if created:
+            entries = [QueueEntry(d.pk, d.priority, not_before.timestamp()) for d in created]
+            transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
+    if p.idempotency_key is None:
+        return created
+    return [existing[r] for r in p.recipients]
+
+
+def _existing(using: str, key: str, recipients: list[str]) -> dict[str, Delivery]:
+    found: dict[str, Delivery] = {}
+    for start in range(0, len(recipients), _IN_CHUNK):
+        chunk = recipients[start : start + _IN_CHUNK]
+        for delivery in Delivery.objects.using(using).filter(
+            idempotency_key=key, recipient__in=chunk
+        ):
+            found[delivery.recipient] = delivery
+    return found
+
+
+def mirror(entries: list[QueueEntry]) -> bool:
+    """Push rows to Redis, logging instead of raising when Redis is away.
+
+    The rows are already committed, so losing this push loses no email: the
+    sweeper mirrors every queued row that Redis does not hold.
+    """
+    try:
+        RedisQueue().push(entries)
+    except Exception:
+        logger.warning(
+            "Redis is unreachable; %d queued deliveries stay in the database until "
+            "outbox_sweep mirrors them.",
+            len(entries),
+            exc_info=True,
+        )
+        return False
+    return True
+
+
+def _after_commit(email: Email, deliveries: list[Delivery], entries: list[QueueEntry]) -> None:
+    mirror(entries)
+    signals.email_enqueued.send_robust(sender=Email, email=email, deliveries=deliveries)

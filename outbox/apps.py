@@ -1,0 +1,11 @@
+from django.apps import AppConfig
+from django.utils.translation import gettext_lazy as _
+
+
+class OutboxConfig(AppConfig):
+    name = "outbox"
+    verbose_name = _("Email outbox")
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from . import checks  # noqa: F401  (registers the system checks)

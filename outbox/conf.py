@@ -1,0 +1,129 @@
+"""The ``OUTBOX`` settings dict, read live with typed defaults.
+
+All of the app's configuration lives in one dict in the project's settings::
+
+    OUTBOX = {
+        "REDIS_CACHE": "default",
+        "MAX_ATTEMPTS": 5,
+    }
+
+Values are read on every access (not cached at import), so ``override_settings``
+works in tests and a changed setting is seen without re-importing anything.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings as django_settings
+
+DEFAULTS: dict[str, Any] = {
+    # django-redis cache alias whose connection carries the queue.
+    "REDIS_CACHE": "default",
+    # Prefix of every Redis key; it is also the Redis Cluster hash tag.
+    "KEY_PREFIX": "outbox",
+    # Attempts per delivery before it is marked failed (per-call override exists).
+    "MAX_ATTEMPTS": 5,
+    # Delivery target of the worker. None: settings.EMAIL_BACKEND (Django < 6.1) or
+    # the "default" mailer (Django >= 6.1, see MAILER).
+    "EMAIL_BACKEND": None,
+    # Django >= 6.1: alias in settings.MAILERS the worker sends through.
+    "MAILER": None,
+    # Retry backoff: seconds for the first retry, and the cap. Jitter is applied.
+    "RETRY_BACKOFF": (10.0, 3600.0),
+    # Worker liveness.
+    "HEARTBEAT_INTERVAL": 5.0,
+    "HEARTBEAT_TIMEOUT": 30.0,
+    # What the sweeper does with a row that was processing when its worker died:
+    # "review" (mark abandoned for a person) or "requeue" (send again).
+    "ABANDONED_POLICY": "review",
+    # Path of the sendmail binary for outbox.backends.SendmailBackend.
+    "SENDMAIL_PATH": "/usr/sbin/sendmail",
+    # Domain of generated Message-IDs; None: the from address's domain.
+    "MESSAGE_ID_DOMAIN": None,
+    # How many ids a worker thread takes from Redis in one round trip.
+    "CLAIM_BATCH": 10,
+    # Seconds a worker blocks on an empty queue before looking again.
+    "BLOCK_TIMEOUT": 1.0,
+    # The sweeper re-checks every queued row against Redis at least this often.
+    "MIRROR_FULL_SCAN_INTERVAL": 3600.0,
+}
+
+PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+ABANDONED_POLICIES: tuple[str, ...] = ("review", "requeue")
+
+
+class OutboxSettings:
+    """Typed, live view of ``settings.OUTBOX`` merged over :data:`DEFAULTS`."""
+
+    def _get(self, name: str) -> Any:
+        user = getattr(django_settings, "OUTBOX", None) or {}
+        return user.get(name, DEFAULTS[name])
+
+    @property
+    def user_settings(self) -> dict[str, Any]:
+        value = getattr(django_settings, "OUTBOX", None)
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def REDIS_CACHE(self) -> str:
+        return str(self._get("REDIS_CACHE"))
+
+    @property
+    def KEY_PREFIX(self) -> str:
+        return str(self._get("KEY_PREFIX"))
+
+    @property
+    def MAX_ATTEMPTS(self) -> int:
+        return int(self._get("MAX_ATTEMPTS"))
+
+    @property
+    def EMAIL_BACKEND(self) -> str | None:
+        value = self._get("EMAIL_BACKEND")
+        return str(value) if value else None
+
+    @property
+    def MAILER(self) -> str | None:
+        value = self._get("MAILER")
+        return str(value) if value else None
+
+    @property
+    def RETRY_BACKOFF(self) -> tuple[float, float]:
+        base, cap = self._get("RETRY_BACKOFF")
+        return float(base), float(cap)
+
+    @property
+    def HEARTBEAT_INTERVAL(self) -> float:
+        return float(self._get("HEARTBEAT_INTERVAL"))
+
+    @property
+    def HEARTBEAT_TIMEOUT(self) -> float:
+        return float(self._get("HEARTBEAT_TIMEOUT"))
+
+    @property
+    def ABANDONED_POLICY(self) -> str:
+        return str(self._get("ABANDONED_POLICY"))
+
+    @property
+    def SENDMAIL_PATH(self) -> str:
+        return str(self._get("SENDMAIL_PATH"))
+
+    @property
+    def MESSAGE_ID_DOMAIN(self) -> str | None:
+        value = self._get("MESSAGE_ID_DOMAIN")
+        return str(value) if value else None
+
+    @property
+    def CLAIM_BATCH(self) -> int:
+        return int(self._get("CLAIM_BATCH"))
+
+    @property
+    def BLOCK_TIMEOUT(self) -> float:
+        return float(self._get("BLOCK_TIMEOUT"))
+
+    @property
+    def MIRROR_FULL_SCAN_INTERVAL(self) -> float:
+        return float(self._get("MIRROR_FULL_SCAN_INTERVAL"))
+
+
+outbox_settings = OutboxSettings()

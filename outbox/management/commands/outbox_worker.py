@@ -1,0 +1,107 @@
+"""``manage.py outbox_worker``: deliver outbox mail (see outbox.worker)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from outbox.models import Delivery
+from outbox.worker import Worker
+
+VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+
+class Command(BaseCommand):
+    help = (
+        "Deliver queued outbox email: claim ids from Redis, mark each row processing, "
+        "send it, then mark it sent, requeued or failed. Stops cleanly on SIGTERM/SIGINT."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--burst",
+            action="store_true",
+            help="Deliver everything that is due, then exit 0 (later scheduled mail does not wait).",
+        )
+        parser.add_argument(
+            "--concurrency",
+            type=int,
+            default=1,
+            metavar="N",
+            help="Sending threads in this process, each with its own connection (default 1).",
+        )
+        parser.add_argument(
+            "--max-messages", type=int, metavar="N", help="Exit after handling N messages."
+        )
+        parser.add_argument(
+            "--worker-id",
+            help="Name in heartbeats and on rows (default: host, pid and a random suffix).",
+        )
+        parser.add_argument(
+            "--summary-interval",
+            type=float,
+            default=60.0,
+            metavar="SECONDS",
+            help="Seconds between summary log lines (default 60).",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["concurrency"] < 1:
+            raise CommandError("--concurrency must be at least 1")
+        if options["max_messages"] is not None and options["max_messages"] < 1:
+            raise CommandError("--max-messages must be at least 1")
+        self._configure_logging(options["verbosity"])
+        progress = None
+        if options["burst"] and self.stdout.isatty():
+            progress = _Progress(self.stdout)
+        worker = Worker(
+            worker_id=options["worker_id"],
+            concurrency=options["concurrency"],
+            burst=options["burst"],
+            max_messages=options["max_messages"],
+            summary_interval=options["summary_interval"],
+            progress=progress,
+        )
+        code = worker.run()
+        if progress is not None:
+            progress.finish(worker.delivered_total)
+        if code:
+            sys.exit(code)
+
+    def _configure_logging(self, verbosity: int) -> None:
+        logger = logging.getLogger("outbox")
+        logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.INFO))
+        if not logger.handlers and not logging.getLogger().handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(
+                logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
+            )
+            logger.addHandler(handler)
+
+
+class _Progress:
+    """One rewritten terminal line: delivered, remaining, rate (--burst on a tty)."""
+
+    def __init__(self, out: Any) -> None:
+        self.out = out
+        self.start = time.monotonic()
+        self.last = 0.0
+
+    def __call__(self, delivered: int, now: float) -> None:
+        if now - self.last < 0.5:
+            return
+        self.last = now
+        remaining = Delivery.objects.due().count()
+        rate = delivered / max(now - self.start, 1e-9)
+        self.out.write(
+            f"\rdelivered {delivered}, remaining {remaining}, {rate:.0f}/s   ", ending=""
+        )
+        self.out.flush()
+
+    def finish(self, delivered: int) -> None:
+        elapsed = time.monotonic() - self.start
+        self.out.write(f"\rdelivered {delivered} in {elapsed:.1f}s" + " " * 20)

@@ -1,0 +1,231 @@
+"""The outbox's tables: the database is the truth about every email.
+
+``Email`` holds the content once per enqueue call, ``Delivery`` is one queue row
+per recipient, and ``Attempt`` is the evidence log an operator reads before
+settling a row by hand.
+
+Every status change of a ``Delivery`` is a single conditional ``UPDATE``
+(``WHERE status = ... AND claim_token = ...``) whose row count decides what
+happens next; no code reads a row, changes it in Python and saves it back.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.db import models
+from django.db.models import Q
+from django.utils import timezone
+from django.utils.translation import gettext_lazy as _
+
+
+class Email(models.Model):
+    """The content of one ``enqueue_email`` call, shared by all its deliveries."""
+
+    subject = models.TextField(_("subject"))
+    body = models.TextField(_("body"), blank=True)
+    html_message = models.TextField(_("HTML alternative"), blank=True, default="")
+    from_email = models.CharField(_("from"), max_length=320)
+    reply_to = models.JSONField(_("reply-to"), default=list, blank=True)
+    headers = models.JSONField(_("extra headers"), default=dict, blank=True)
+    created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("email")
+        verbose_name_plural = _("emails")
+
+    def __str__(self) -> str:
+        return self.subject[:80]
+
+
+class Attachment(models.Model):
+    """A file attached to an :class:`Email`; stored once however many recipients."""
+
+    email = models.ForeignKey(
+        Email, on_delete=models.CASCADE, related_name="attachments", verbose_name=_("email")
+    )
+    name = models.CharField(_("file name"), max_length=255, blank=True)
+    content = models.BinaryField(_("content"))
+    mimetype = models.CharField(_("MIME type"), max_length=255, blank=True)
+
+    class Meta:
+        verbose_name = _("attachment")
+        verbose_name_plural = _("attachments")
+
+    def __str__(self) -> str:
+        return self.name or "(unnamed)"
+
+
+class DeliveryQuerySet(models.QuerySet["Delivery"]):
+    """Named by state, each matching an index the worker or sweeper relies on."""
+
+    def queued(self) -> DeliveryQuerySet:
+        return self.filter(status=Delivery.Status.QUEUED)
+
+    def due(self, now: datetime | None = None) -> DeliveryQuerySet:
+        """Queued rows whose earliest send time has come."""
+        return self.queued().filter(not_before__lte=now or timezone.now())
+
+    def scheduled(self, now: datetime | None = None) -> DeliveryQuerySet:
+        """Queued rows that must wait (``send_at`` or retry backoff)."""
+        return self.queued().filter(not_before__gt=now or timezone.now())
+
+    def processing(self) -> DeliveryQuerySet:
+        return self.filter(status=Delivery.Status.PROCESSING)
+
+    def stuck(self, timeout: float, now: datetime | None = None) -> DeliveryQuerySet:
+        """Rows processing for longer than ``timeout`` seconds."""
+        cutoff = (now or timezone.now()) - timedelta(seconds=timeout)
+        return self.processing().filter(processing_started_at__lt=cutoff)
+
+    def abandoned(self) -> DeliveryQuerySet:
+        return self.filter(status=Delivery.Status.ABANDONED)
+
+    def live(self) -> DeliveryQuerySet:
+        return self.filter(status__in=Delivery.LIVE_STATUSES)
+
+    def terminal(self) -> DeliveryQuerySet:
+        return self.filter(status__in=Delivery.TERMINAL_STATUSES)
+
+
+class Delivery(models.Model):
+    """One recipient's copy of an :class:`Email`: the queue row.
+
+    Life cycle::
+
+        queued ──► processing ──► sent
+          ▲  │         │  └──────► failed
+          │  │         ├──(retry)─► queued
+          │  │         └──(worker died)──► abandoned ──(admin)──► sent / failed / queued
+          │  └──────────────────────────────────► cancelled
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued", _("queued")
+        PROCESSING = "processing", _("processing")
+        SENT = "sent", _("sent")
+        FAILED = "failed", _("failed")
+        ABANDONED = "abandoned", _("abandoned")
+        CANCELLED = "cancelled", _("cancelled")
+
+    class Priority(models.TextChoices):
+        HIGH = "high", _("high")
+        NORMAL = "normal", _("normal")
+        LOW = "low", _("low")
+
+    LIVE_STATUSES = (Status.QUEUED, Status.PROCESSING)
+    TERMINAL_STATUSES = (Status.SENT, Status.FAILED, Status.ABANDONED, Status.CANCELLED)
+
+    email = models.ForeignKey(
+        Email, on_delete=models.CASCADE, related_name="deliveries", verbose_name=_("email")
+    )
+    recipient = models.CharField(_("recipient"), max_length=320)
+    status = models.CharField(
+        _("status"), max_length=16, choices=Status.choices, default=Status.QUEUED
+    )
+    priority = models.CharField(
+        _("priority"), max_length=8, choices=Priority.choices, default=Priority.NORMAL
+    )
+    attempts = models.PositiveIntegerField(_("attempts"), default=0)
+    max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
+    not_before = models.DateTimeField(_("not before"), default=timezone.now)
+    worker_id = models.CharField(_("worker"), max_length=200, blank=True, default="")
+    claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
+    processing_started_at = models.DateTimeField(_("processing started"), null=True, blank=True)
+    sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
+    message_id = models.CharField(_("Message-ID"), max_length=255, unique=True)
+    last_error = models.TextField(_("last error"), blank=True, default="")
+    # NULL, not "", for "no key": the unique constraint ignores NULLs.
+    idempotency_key = models.CharField(  # noqa: DJ001
+        _("idempotency key"), max_length=255, null=True, blank=True
+    )
+    created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+    updated_at = models.DateTimeField(_("updated"), default=timezone.now)
+
+    objects = DeliveryQuerySet.as_manager()
+
+    class Meta:
+        verbose_name = _("delivery")
+        verbose_name_plural = _("deliveries")
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_key", "recipient"],
+                condition=Q(idempotency_key__isnull=False),
+                name="outbox_delivery_idempotency",
+            ),
+        ]
+        indexes = [
+            # Mirror rebuild and `due()`: only queued rows, in due order.
+            models.Index(
+                fields=["not_before", "id"],
+                condition=Q(status="queued"),
+                name="outbox_deliv_queued_due",
+            ),
+            # Incremental mirror check: queued rows changed since the last pass.
+            models.Index(
+                fields=["updated_at"],
+                condition=Q(status="queued"),
+                name="outbox_deliv_queued_upd",
+            ),
+            # Sweeper: processing rows whose worker went away (`stuck()`).
+            models.Index(
+                fields=["processing_started_at"],
+                condition=Q(status="processing"),
+                name="outbox_deliv_processing",
+            ),
+            # Retention purge of sent rows by age.
+            models.Index(
+                fields=["sent_at"],
+                condition=Q(status="sent"),
+                name="outbox_deliv_sent_at",
+            ),
+            # Admin list filtered by status, newest first.
+            models.Index(fields=["status", "-updated_at"], name="outbox_deliv_status_upd"),
+            models.Index(fields=["recipient"], name="outbox_deliv_recipient"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.recipient} [{self.status}]"
+
+
+class Attempt(models.Model):
+    """One try at delivering a :class:`Delivery`, or an operator's decision on it."""
+
+    class Outcome(models.TextChoices):
+        IN_PROGRESS = "in_progress", _("in progress")
+        SENT = "sent", _("sent")
+        RETRY = "retry", _("will retry")
+        FAILED = "failed", _("failed")
+        ABANDONED = "abandoned", _("abandoned (worker went away)")
+        REQUEUED = "requeued", _("requeued")
+        RELEASED = "released", _("released unsent")
+        MARKED_SENT = "marked_sent", _("marked sent by operator")
+        MARKED_FAILED = "marked_failed", _("marked failed by operator")
+        CANCELLED = "cancelled", _("cancelled")
+
+    delivery = models.ForeignKey(
+        Delivery, on_delete=models.CASCADE, related_name="attempt_log", verbose_name=_("delivery")
+    )
+    number = models.PositiveIntegerField(_("attempt number"))
+    worker_id = models.CharField(_("worker"), max_length=200, blank=True, default="")
+    claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
+    started_at = models.DateTimeField(_("started"), default=timezone.now)
+    finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
+    outcome = models.CharField(
+        _("outcome"), max_length=16, choices=Outcome.choices, default=Outcome.IN_PROGRESS
+    )
+    error = models.TextField(_("error"), blank=True, default="")
+    actor = models.CharField(
+        _("by"), max_length=150, blank=True, default="", help_text=_("worker, sweeper or user")
+    )
+
+    class Meta:
+        verbose_name = _("attempt")
+        verbose_name_plural = _("attempts")
+        ordering = ["delivery_id", "id"]
+        indexes = [
+            models.Index(fields=["delivery", "claim_token"], name="outbox_attempt_claim"),
+        ]
+
+    def __str__(self) -> str:
+        return f"#{self.number} {self.outcome}"

@@ -1,0 +1,119 @@
+"""Input checks for everything that will become a header or an address.
+
+Every function raises :class:`ValidationError` naming the field, or
+:class:`TypeError` for a value of the wrong type, before anything is written.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable
+from email.utils import formataddr, getaddresses
+from typing import Any
+
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_email
+from django.utils.translation import gettext as _
+
+# Characters that end a line somewhere (str.splitlines and the email package):
+# any of them in a header is a header-injection attempt.
+LINE_BREAKS = "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
+_LINE_BREAK_RE = re.compile(f"[{LINE_BREAKS}\x00]")
+# RFC 5322 field name: printable US-ASCII except colon.
+_HEADER_NAME_RE = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")
+# Headers the outbox writes itself for each recipient's copy, or that would break MIME.
+RESERVED_HEADERS = frozenset(
+    {"message-id", "bcc", "content-type", "content-transfer-encoding", "mime-version"}
+)
+MAX_ADDRESS_LENGTH = 320
+
+
+def field_error(field: str, message: str, code: str = "invalid") -> ValidationError:
+    return ValidationError({field: [ValidationError(message, code=code)]})
+
+
+def require_type(field: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
+    allowed = types if isinstance(types, tuple) else (types,)
+    # bool is an int subclass; True is not a valid max_attempts.
+    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
+        raise TypeError(f"{field} must be {what}, not {type(value).__name__}")
+
+
+def check_text(field: str, value: str, *, single_line: bool) -> None:
+    """Reject text the database or a mail header cannot carry safely."""
+    if "\x00" in value:
+        raise field_error(field, _("NUL characters are not allowed."))
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise field_error(field, _("Text must be valid Unicode (no lone surrogates).")) from None
+    if single_line and _LINE_BREAK_RE.search(value):
+        raise field_error(
+            field, _("Line breaks are not allowed in a header."), code="header_injection"
+        )
+
+
+def normalize_address(field: str, value: Any) -> tuple[str, str]:
+    """Return ``(formatted, bare address)`` for one address, or raise.
+
+    Accepts ``"user@example.com"`` and ``"Name <user@example.com>"``; exactly
+    one address per string.
+    """
+    require_type(field, value, str, "a string")
+    value = value.strip()
+    if not value:
+        raise field_error(field, _("An address may not be empty."), code="required")
+    check_text(field, value, single_line=True)
+    if len(value) > MAX_ADDRESS_LENGTH:
+        raise field_error(field, _("The address %(value)s is too long.") % {"value": value[:60]})
+    parsed = getaddresses([value])
+    if len(parsed) != 1 or not parsed[0][1]:
+        raise field_error(field, _("%(value)r is not one valid email address.") % {"value": value})
+    name, address = parsed[0]
+    try:
+        validate_email(address)
+    except ValidationError:
+        raise field_error(
+            field, _("%(value)r is not a valid email address.") % {"value": value}
+        ) from None
+    if "<" in value and "<" + address + ">" not in value.replace(" ", ""):
+        # getaddresses() is lenient; make sure the bracketed part is what it parsed.
+        raise field_error(field, _("%(value)r is not a valid email address.") % {"value": value})
+    return (formataddr((name, address)) if name else address), address
+
+
+def normalize_address_list(field: str, values: Any) -> list[str]:
+    """Addresses in order, duplicates (compared case-insensitively) removed."""
+    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+        raise TypeError(
+            f"{field} must be a list or tuple of addresses, not {type(values).__name__}"
+        )
+    seen: set[str] = set()
+    result: list[str] = []
+    for value in values:
+        formatted, address = normalize_address(field, value)
+        key = address.lower()
+        if key not in seen:
+            seen.add(key)
+            result.append(formatted)
+    return result
+
+
+def normalize_headers(headers: Any) -> dict[str, str]:
+    if headers is None:
+        return {}
+    if not isinstance(headers, dict):
+        raise TypeError(f"headers must be a dict, not {type(headers).__name__}")
+    result: dict[str, str] = {}
+    for name, value in headers.items():
+        require_type("headers", name, str, "a dict of str to str")
+        require_type("headers", value, str, "a dict of str to str")
+        if not _HEADER_NAME_RE.match(name):
+            raise field_error("headers", _("%(name)r is not a valid header name.") % {"name": name})
+        if name.lower() in RESERVED_HEADERS:
+            raise field_error(
+                "headers", _("The outbox sets the %(name)s header itself.") % {"name": name}
+            )
+        check_text("headers", value, single_line=True)
+        result[name] = value
+    return result

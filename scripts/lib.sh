@@ -1,0 +1,143 @@
+# Shared by scripts/test.sh, scripts/example.sh, chaos and bench scripts: find
+# Python, make virtual environments, install and start redis-server and
+# PostgreSQL on loopback, and stop what was started, by pid.
+# shellcheck shell=bash
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+STARTED_PIDS=()
+CLEANUP_DIRS=()
+
+log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+# find_python 3.12 -> path of a python3.12 interpreter
+find_python() {
+  local v="$1" candidate
+  for candidate in "python$v" "$(pyenv root 2>/dev/null)/versions/$v"*/bin/"python$v" \
+                   /root/.pyenv/versions/"$v"*/bin/"python$v" /usr/bin/"python$v"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import sys' >/dev/null 2>&1; then
+      command -v "$candidate"
+      return 0
+    fi
+  done
+  return 1
+}
+
+# ensure_venv DIR PYTHON EXTRAS [PIP SPEC...]: create DIR and install the project
+# into it (editable), reinstalling only when pyproject.toml or the specs change.
+ensure_venv() {
+  local dir="$1" python="$2" extras="$3"
+  shift 3
+  local stamp="$dir/.outbox-stamp"
+  local want
+  want="$( (cat "$ROOT/pyproject.toml"; echo "$extras $*") | sha256sum | cut -d' ' -f1)"
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
+    return 0
+  fi
+  log "preparing $dir ($("$python" --version 2>&1), $extras $*)"
+  [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"
+  "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
+  "$dir/bin/python" -m pip install -q -e "$ROOT[$extras]" "$@"
+  echo "$want" >"$stamp"
+}
+
+apt_install() {
+  log "installing $* with apt-get"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
+
+ensure_redis_server() {
+  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+}
+
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_for() { # wait_for SECONDS COMMAND...
+  local deadline=$((SECONDS + $1))
+  shift
+  until "$@" >/dev/null 2>&1; do
+    if [ $SECONDS -ge $deadline ]; then return 1; fi
+    sleep 0.1
+  done
+}
+
+# start_redis -> sets REDIS_PORT, REDIS_PID
+start_redis() {
+  ensure_redis_server
+  REDIS_PORT="$(free_port)"
+  local dir
+  dir="$(mktemp -d)"
+  CLEANUP_DIRS+=("$dir")
+  redis-server --port "$REDIS_PORT" --bind 127.0.0.1 --save '' --appendonly no \
+    --dir "$dir" --daemonize no --loglevel warning >"$dir/redis.log" 2>&1 &
+  REDIS_PID=$!
+  STARTED_PIDS+=("$REDIS_PID")
+  if ! wait_for 20 redis-cli -p "$REDIS_PORT" ping; then
+    cat "$dir/redis.log" >&2
+    echo "redis-server did not start" >&2
+    return 1
+  fi
+  log "redis-server $REDIS_PORT (pid $REDIS_PID)"
+}
+
+pg_bindir() {
+  local d
+  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
+  if [ -z "$d" ]; then
+    apt_install postgresql
+    d="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
+  fi
+  echo "$d"
+}
+
+# start_postgres -> sets PG_PORT, PG_USER, PG_DATA (stopped at exit by its postmaster pid)
+start_postgres() {
+  local bin dir run=()
+  bin="$(pg_bindir)"
+  PG_PORT="$(free_port)"
+  dir="$(mktemp -d)"
+  chmod 755 "$dir"
+  CLEANUP_DIRS+=("$dir")
+  PG_DATA="$dir/data"
+  mkdir -p "$PG_DATA" "$dir/sock"
+  PG_USER=postgres
+  if [ "$(id -u)" = 0 ]; then
+    chown -R postgres "$dir/data" "$dir/sock"
+    run=(runuser -u postgres --)
+  else
+    PG_USER="$(id -un)"
+  fi
+  "${run[@]}" "$bin/initdb" -D "$PG_DATA" -U "$PG_USER" -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
+    || { cat "$dir/initdb.log" >&2; return 1; }
+  # Durability is off for speed: this server lives for one test run.
+  "${run[@]}" "$bin/postgres" -D "$PG_DATA" -h 127.0.0.1 -p "$PG_PORT" -k "$dir/sock" \
+    -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 \
+    >"$dir/postgres.log" 2>&1 &
+  if ! wait_for 30 "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT"; then
+    cat "$dir/postgres.log" >&2
+    echo "PostgreSQL did not start" >&2
+    return 1
+  fi
+  PG_PID="$(head -n 1 "$PG_DATA/postmaster.pid")"
+  STARTED_PIDS+=("$PG_PID")
+  log "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT (pid $PG_PID)"
+}
+
+stop_started() {
+  local pid
+  for pid in "${STARTED_PIDS[@]}"; do
+    kill -INT "$pid" 2>/dev/null || true
+  done
+  for pid in "${STARTED_PIDS[@]}"; do
+    for _ in $(seq 1 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+  done
+  local d
+  for d in "${CLEANUP_DIRS[@]}"; do rm -rf "$d"; done
+}

@@ -1,0 +1,75 @@
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from django.core import mail
+
+from outbox.queue import RedisQueue
+from tests.servers import RedisServer, SMTPRecorder, subprocess_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Every test starts with an empty Redis database."""
+    queue = RedisQueue()
+    queue.redis.flushdb()
+    yield
+
+
+@pytest.fixture
+def queue() -> RedisQueue:
+    return RedisQueue()
+
+
+@pytest.fixture
+def outbox_mail() -> list:
+    """Messages the locmem delivery backend received in this test."""
+    mail.outbox = []
+    return mail.outbox
+
+
+@pytest.fixture
+def smtp_server() -> Iterator[SMTPRecorder]:
+    server = SMTPRecorder().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_server() -> Iterator[RedisServer]:
+    """A private redis-server that the test may restart."""
+    server = RedisServer().start()
+    yield server
+    server.close()
+
+
+@pytest.fixture
+def worker_process():
+    """Start `manage.py outbox_worker` subprocesses on the test database."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "outbox_worker", *args],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()

@@ -1,0 +1,107 @@
+"""Settings for the test suite.
+
+The test command (scripts/test.sh) starts redis-server and PostgreSQL on
+loopback and passes their addresses in the environment:
+
+- OUTBOX_TEST_DB: "sqlite" (default) or "postgres"
+- OUTBOX_TEST_PG_HOST / OUTBOX_TEST_PG_PORT / OUTBOX_TEST_PG_USER
+- OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
+- OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
+"""
+
+import os
+import tempfile
+from pathlib import Path
+
+BASE_DIR = Path(__file__).resolve().parent
+SECRET_KEY = "tests-only-not-secret"
+DEBUG = False
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+ROOT_URLCONF = "tests.urls"
+DEFAULT_FROM_EMAIL = "outbox-tests@example.com"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "outbox",
+]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
+    }
+]
+
+_db = os.environ.get("OUTBOX_TEST_DB", "sqlite")
+_name_override = os.environ.get("OUTBOX_TEST_DB_NAME")
+if _db == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": _name_override or "outbox",
+            "USER": os.environ.get("OUTBOX_TEST_PG_USER", "postgres"),
+            "HOST": os.environ.get("OUTBOX_TEST_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("OUTBOX_TEST_PG_PORT", "5432"),
+            "TEST": {"NAME": "test_outbox"},
+        }
+    }
+else:
+    # A file, not :memory:, so that worker subprocesses and threads share it.
+    _sqlite_dir = os.environ.get("OUTBOX_TEST_SQLITE_DIR", tempfile.gettempdir())
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": _name_override or os.path.join(_sqlite_dir, "outbox.sqlite3"),
+            "TEST": {"NAME": os.path.join(_sqlite_dir, "test_outbox.sqlite3")},
+            "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
+        }
+    }
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
+    }
+}
+
+OUTBOX = {
+    "EMAIL_BACKEND": os.environ.get(
+        "OUTBOX_TEST_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend"
+    ),
+    "HEARTBEAT_INTERVAL": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_INTERVAL", "0.5")),
+    "HEARTBEAT_TIMEOUT": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_TIMEOUT", "3")),
+    "RETRY_BACKOFF": (0.2, 1.0),
+    "BLOCK_TIMEOUT": 0.2,
+}
+if os.environ.get("OUTBOX_TEST_ABANDONED_POLICY"):
+    OUTBOX["ABANDONED_POLICY"] = os.environ["OUTBOX_TEST_ABANDONED_POLICY"]
+if os.environ.get("OUTBOX_TEST_EMAIL_FILE_PATH"):
+    EMAIL_FILE_PATH = os.environ["OUTBOX_TEST_EMAIL_FILE_PATH"]
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
+}
