@@ -1,0 +1,218 @@
+"""State changes made outside the worker's hot path: by the sweeper and by operators.
+
+Each call is one transaction. The rows to change are locked and read, then
+changed with an UPDATE that repeats the same condition, so a row that moved on
+meanwhile (a worker finished it, another sweeper got there first) is skipped,
+never overwritten. Every change is written to the Attempt log with its actor,
+and rows that become ``queued`` are pushed to Redis after the commit.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+from django.db import router, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from . import signals
+from .api import mirror
+from .exceptions import OutboxError
+from .models import Attempt, Delivery
+from .queue import QueueEntry
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+
+_CHUNK = 500
+
+
+@dataclass
+class TransitionResult:
+    """What a transition changed, and why the other rows were left alone."""
+
+    changed: list[int] = field(default_factory=list)
+    skipped: Counter[str] = field(default_factory=Counter)  # current status -> count
+
+    def __iadd__(self, other: TransitionResult) -> TransitionResult:
+        self.changed += other.changed
+        self.skipped.update(other.skipped)
+        return self
+
+
+def transition(
+    ids: Iterable[int],
+    *,
+    allowed: Sequence[str],
+    to: str,
+    outcome: str,
+    actor: str,
+    error: str = "",
+    condition: Q | None = None,
+    updates: dict[str, Any] | None = None,
+) -> TransitionResult:
+    """Move the rows among ``ids`` whose status is in ``allowed`` to ``to``.
+
+    ``condition`` narrows the rows further (e.g. "still held by this dead
+    worker"). ``updates`` are extra column values. Rows reaching ``queued``
+    become due now unless ``updates`` says otherwise.
+    """
+    result = TransitionResult()
+    id_list = list(dict.fromkeys(ids))
+    for start in range(0, len(id_list), _CHUNK):
+        result += _transition_chunk(
+            id_list[start : start + _CHUNK],
+            allowed=allowed,
+            to=to,
+            outcome=outcome,
+            actor=actor,
+            error=error,
+            condition=condition,
+            updates=updates or {},
+        )
+    return result
+
+
+def _transition_chunk(
+    ids: list[int],
+    *,
+    allowed: Sequence[str],
+    to: str,
+    outcome: str,
+    actor: str,
+    error: str,
+    condition: Q | None,
+    updates: dict[str, Any],
+) -> TransitionResult:
+    result = TransitionResult()
+    using = router.db_for_write(Delivery)
+    now = timezone.now()
+    values: dict[str, Any] = {"status": to, "updated_at": now, **updates}
+    if to == Status.QUEUED:
+        values.setdefault("not_before", now)
+        values.update(claim_token=None, worker_id="")
+    if to == Status.SENT:
+        values.setdefault("sent_at", now)
+    if error and to in (Status.FAILED, Status.ABANDONED):
+        values.setdefault("last_error", error)
+
+    with transaction.atomic(using=using):
+        match = Q(pk__in=ids, status__in=list(allowed))
+        if condition is not None:
+            match &= condition
+        rows = list(
+            Delivery.objects.using(using)
+            .select_for_update()
+            .filter(match)
+            .values_list("pk", "attempts", "priority", "worker_id")
+        )
+        if rows:
+            changed = (
+                Delivery.objects.using(using)
+                .filter(match, pk__in=[pk for pk, *_ in rows])
+                .update(**values)
+            )
+            if changed != len(rows):
+                # The rows are locked, so this cannot happen on PostgreSQL or on
+                # SQLite (one writer); roll back rather than log a wrong history.
+                raise OutboxError(f"expected to change {len(rows)} rows, changed {changed}")
+            Attempt.objects.using(using).bulk_create(
+                Attempt(
+                    delivery_id=pk,
+                    number=attempts,
+                    worker_id=worker_id,
+                    started_at=now,
+                    finished_at=now,
+                    outcome=outcome,
+                    error=error,
+                    actor=actor[:150],
+                )
+                for pk, attempts, _priority, worker_id in rows
+            )
+        result.changed = [pk for pk, *_ in rows]
+        others = set(ids) - set(result.changed)
+        if others:
+            for (status,) in (
+                Delivery.objects.using(using).filter(pk__in=others).values_list("status")
+            ):
+                result.skipped[status] += 1
+            missing = len(others) - sum(result.skipped.values())
+            if missing:
+                result.skipped["deleted"] += missing
+        if rows:
+            due = values.get("not_before", now).timestamp()
+            entries = [QueueEntry(pk, priority, due) for pk, _a, priority, _w in rows]
+            workers = {pk: worker_id for pk, _a, _p, worker_id in rows}
+            transaction.on_commit(
+                partial(_after_commit, to, entries, workers, actor, error), using=using
+            )
+    return result
+
+
+def _after_commit(
+    to: str, entries: list[QueueEntry], workers: dict[int, str], actor: str, error: str
+) -> None:
+    if to == Status.QUEUED:
+        mirror(entries)
+    for entry in entries:
+        if to == Status.SENT:
+            signals.delivery_sent.send_robust(
+                sender=Delivery, delivery_id=entry.id, worker_id=workers[entry.id], by=actor
+            )
+        elif to == Status.FAILED:
+            signals.delivery_failed.send_robust(
+                sender=Delivery, delivery_id=entry.id, error=error, by=actor
+            )
+        elif to == Status.ABANDONED:
+            signals.delivery_abandoned.send_robust(
+                sender=Delivery, delivery_id=entry.id, worker_id=workers[entry.id]
+            )
+
+
+# -- operator actions (the admin calls these) ---------------------------------
+
+
+def requeue(ids: Iterable[int], actor: str) -> TransitionResult:
+    """Send again: abandoned, failed and cancelled rows, with a fresh attempt budget."""
+    return transition(
+        ids,
+        allowed=[Status.ABANDONED, Status.FAILED, Status.CANCELLED],
+        to=Status.QUEUED,
+        outcome=Outcome.REQUEUED,
+        actor=actor,
+        updates={"attempts": 0, "sent_at": None},
+    )
+
+
+def mark_sent(ids: Iterable[int], actor: str) -> TransitionResult:
+    """The mail logs show the message left: an abandoned row becomes sent."""
+    return transition(
+        ids, allowed=[Status.ABANDONED], to=Status.SENT, outcome=Outcome.MARKED_SENT, actor=actor
+    )
+
+
+def mark_failed(ids: Iterable[int], actor: str) -> TransitionResult:
+    """The mail logs show it never left, and it should not be sent: failed."""
+    return transition(
+        ids,
+        allowed=[Status.ABANDONED],
+        to=Status.FAILED,
+        outcome=Outcome.MARKED_FAILED,
+        actor=actor,
+        error=f"marked failed by {actor}",
+    )
+
+
+def cancel(ids: Iterable[int], actor: str) -> TransitionResult:
+    """Never send: queued and abandoned rows become cancelled."""
+    return transition(
+        ids,
+        allowed=[Status.QUEUED, Status.ABANDONED],
+        to=Status.CANCELLED,
+        outcome=Outcome.CANCELLED,
+        actor=actor,
+    )
