@@ -120,6 +120,11 @@ def _transition_chunk(
                 # The rows are locked, so this cannot happen on PostgreSQL or on
                 # SQLite (one writer); roll back rather than log a wrong history.
                 raise OutboxError(f"expected to change {len(rows)} rows, changed {changed}")
+            if Status.PROCESSING in allowed:
+                # The attempt that was in flight ends here, with no known outcome.
+                Attempt.objects.using(using).filter(
+                    delivery_id__in=[pk for pk, *_ in rows], outcome=Outcome.IN_PROGRESS
+                ).update(outcome=Outcome.ABANDONED, finished_at=now, error=error)
             Attempt.objects.using(using).bulk_create(
                 Attempt(
                     delivery_id=pk,

@@ -60,8 +60,8 @@ class Claimed(NamedTuple):
 def _script_source(name: str) -> str:
     lua = resources.files("outbox").joinpath("lua")
     body = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    if name == "unlock":
-        return body
+    if name.startswith("lock_"):
+        return body  # lock scripts take only the lock key
     return lua.joinpath("_common.lua").read_text(encoding="utf-8") + "\n" + body
 
 
@@ -259,8 +259,18 @@ class RedisQueue:
     def acquire_lock(self, token: str, ttl: float) -> bool:
         return bool(self.redis.set(self.lock_key, token, nx=True, px=int(ttl * 1000)))
 
+    def extend_lock(self, token: str, ttl: float) -> bool:
+        return bool(
+            self._script("lock_extend")(keys=[self.lock_key], args=[token, int(ttl * 1000)])
+        )
+
     def release_lock(self, token: str) -> bool:
-        return bool(self._script("unlock")(keys=[self.lock_key], args=[token]))
+        return bool(self._script("lock_release")(keys=[self.lock_key], args=[token]))
+
+    def promote(self, limit: int = 10_000, now: float | None = None) -> int:
+        """Move due ids from ``scheduled`` to the ready lists; returns how many."""
+        now = time.time() if now is None else now
+        return int(self._script("promote")(keys=self._keys(), args=[now, limit]))
 
     # -- introspection --------------------------------------------------------
 

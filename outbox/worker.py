@@ -55,6 +55,18 @@ logger = logging.getLogger("outbox.worker")
 Status = Delivery.Status
 Outcome = Attempt.Outcome
 
+# Fault injection for the crash tests and the chaos run: with
+# OUTBOX_FAULT_POINT=<point> the worker stops itself (SIGSTOP) at that point of
+# its loop, so that a test can SIGKILL it exactly there. Points: after_claim,
+# after_mark_processing, after_send, after_mark_sent.
+_FAULT_POINT = os.environ.get("OUTBOX_FAULT_POINT", "")
+
+
+def _fault(point: str) -> None:
+    if point == _FAULT_POINT:
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 # How long a worker keeps retrying the final write after the database failed
 # it; after that the row stays `processing` and the sweeper flags it.
 FINALIZE_PATIENCE = 60.0
@@ -345,6 +357,7 @@ class Worker:
                         break
                     continue
                 pending.extend(claimed)
+                _fault("after_claim")
 
             item = pending.popleft()
             token = tokens.pop(item.id, None) or uuid.uuid4()
@@ -362,6 +375,7 @@ class Worker:
             if started is None:
                 acks.append(item.id)
                 continue
+            _fault("after_mark_processing")
             if not backend_open:
                 try:
                     backend.open()
@@ -487,7 +501,9 @@ class Worker:
         except Exception as exc:
             self._finish_failed(started, exc)
             return False
+        _fault("after_send")
         self._finish_sent(started)
+        _fault("after_mark_sent")
         return True
 
     def _finish_sent(self, started: Started) -> None:

@@ -1,0 +1,73 @@
+"""``manage.py outbox_sweep``: repair what dead workers and lost Redis data left behind."""
+
+from __future__ import annotations
+
+import json
+import signal
+import threading
+from types import FrameType
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from outbox.sweeper import Sweeper
+
+
+class Command(BaseCommand):
+    help = (
+        "One repair pass (or --loop): reap dead workers, settle rows stuck in processing "
+        "by ABANDONED_POLICY, re-mirror queued rows Redis lost, promote due scheduled ids. "
+        "Safe to run on every host at once."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--loop",
+            type=float,
+            metavar="SECONDS",
+            help="Repeat every SECONDS until SIGTERM/SIGINT.",
+        )
+        parser.add_argument(
+            "--json", action="store_true", help="Print each pass as one JSON object per line."
+        )
+        parser.add_argument(
+            "--full-mirror-check",
+            action="store_true",
+            help="Check every queued row against Redis, not only recent ones.",
+        )
+        parser.add_argument(
+            "--purge-sent-older-than",
+            type=float,
+            metavar="DAYS",
+            help="Also delete sent deliveries (and their attempts) older than DAYS.",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["loop"] is not None and options["loop"] <= 0:
+            raise CommandError("--loop needs a positive number of seconds")
+        if options["purge_sent_older_than"] is not None and options["purge_sent_older_than"] < 0:
+            raise CommandError("--purge-sent-older-than needs a non-negative number of days")
+        stop = threading.Event()
+        if options["loop"] is not None:
+
+            def on_signal(signum: int, frame: FrameType | None) -> None:
+                stop.set()
+
+            signal.signal(signal.SIGTERM, on_signal)
+            signal.signal(signal.SIGINT, on_signal)
+
+        sweeper = Sweeper()
+        first = True
+        while True:
+            report = sweeper.run_pass(
+                full_mirror_check=options["full_mirror_check"] and first,
+                purge_sent_older_than=options["purge_sent_older_than"],
+            )
+            first = False
+            if options["json"]:
+                self.stdout.write(json.dumps(report.as_dict(), sort_keys=True))
+            else:
+                self.stdout.write(report.line())
+            self.stdout.flush()
+            if options["loop"] is None or stop.wait(options["loop"]):
+                break

@@ -1,0 +1,340 @@
+"""The sweeper: repair what dead workers and lost Redis data left behind.
+
+The database is the truth; a pass makes Redis and the rows agree again:
+
+1. **Dead workers.** A worker whose heartbeat is older than
+   ``HEARTBEAT_TIMEOUT`` is declared dead (atomically, so it cannot come back
+   under that id). For each id in its processing list, by the row's status:
+   ``queued`` (it died before marking the row) goes back to its ready list;
+   ``processing`` (it died inside the send window) follows ``ABANDONED_POLICY``;
+   anything else is simply dropped. Then its list and entry are removed.
+2. **Stuck rows.** Rows ``processing`` for longer than the timeout whose worker
+   is not alive get the same policy, even when Redis lost every key: this
+   covers Redis data loss and a "mark sent" write the database refused.
+3. **The mirror.** Every queued row must be waiting in Redis. After Redis lost
+   its data (detected by the sweeper's own marker key vanishing), or once per
+   ``MIRROR_FULL_SCAN_INTERVAL``, every queued row is checked; otherwise only
+   rows that became queued since the last pass. The ``queued`` set in Redis
+   gates every push, so no pass ever adds an id that is already waiting.
+4. **Retention** (optional): sent rows past an age are deleted in batches.
+
+The policy for rows that were processing when their worker died:
+
+``"review"`` (default)
+    mark them ``abandoned``: a person checks the mail logs for the row's
+    Message-ID and settles it in the admin (exactly once).
+``"requeue"``
+    put them back to ``queued`` (at least once): the attempt counts toward
+    ``max_attempts``, so a message that kills its worker every time ends
+    ``failed`` instead of looping.
+
+Several sweepers may run at once (one per host): a lease in Redis lets one act
+per pass, and every row change is a conditional update that is correct even
+if two did act.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from datetime import timezone as dt_timezone
+from typing import Any
+
+from django.db.models import F, Q
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from . import operations
+from .conf import outbox_settings
+from .models import Attempt, Delivery, Email
+from .queue import QueueEntry, RedisQueue
+
+logger = logging.getLogger("outbox.sweeper")
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+
+BATCH = 1000
+# Rows whose last change is this close to the previous pass are checked again,
+# in case their transaction committed after that pass looked.
+MIRROR_MARGIN = 60.0
+ACTOR = "sweeper"
+
+
+@dataclass
+class SweepReport:
+    """Counts of one pass; ``line()`` is what the command prints."""
+
+    returned: int = 0  # claimed, never started: back to the ready list
+    abandoned: int = 0
+    requeued: int = 0
+    failed: int = 0  # requeue policy, attempts exhausted
+    remirrored: int = 0
+    promoted: int = 0
+    reaped: int = 0  # dead workers cleaned up
+    purged: int = 0
+    full_mirror_check: bool = False
+    lock_held_elsewhere: bool = False
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        if self.lock_held_elsewhere:
+            return "sweep: another sweeper holds the lock; nothing done"
+        text = (
+            f"sweep: returned to queue {self.returned}, marked abandoned {self.abandoned}, "
+            f"requeued {self.requeued}, failed {self.failed}, re-mirrored {self.remirrored}, "
+            f"promoted {self.promoted}, dead workers reaped {self.reaped}"
+        )
+        if self.purged:
+            text += f", purged {self.purged}"
+        text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
+        text += f"{self.seconds:.2f}s)"
+        if self.errors:
+            text += "; errors: " + "; ".join(self.errors)
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        queue: RedisQueue | None = None,
+        *,
+        policy: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.queue = queue or RedisQueue()
+        self.policy = policy or outbox_settings.ABANDONED_POLICY
+        self.timeout = outbox_settings.HEARTBEAT_TIMEOUT if timeout is None else timeout
+        self.lease = max(60.0, 4 * self.timeout)
+        self._token = ""
+
+    def run_pass(
+        self, *, full_mirror_check: bool = False, purge_sent_older_than: float | None = None
+    ) -> SweepReport:
+        """One pass of repairs; returns what it did."""
+        report = SweepReport()
+        started = time.monotonic()
+        token = uuid.uuid4().hex
+        try:
+            if not self.queue.acquire_lock(token, self.lease):
+                report.lock_held_elsewhere = True
+                return report
+        except RedisError as exc:
+            # Without Redis we can neither tell live workers from dead ones nor
+            # repair the mirror; the rows are safe in the database meanwhile.
+            report.errors.append(f"Redis unavailable: {exc}")
+            logger.error("sweep skipped: Redis is unavailable (%s)", exc)
+            return report
+        self._token = token
+        try:
+            self._reap_dead_workers(report)
+            self._settle_stuck_rows(report)
+            self._rebuild_mirror(report, force_full=full_mirror_check)
+            report.promoted += self.queue.promote()
+            if purge_sent_older_than is not None:
+                report.purged = self.purge_sent(purge_sent_older_than)
+        except RedisError as exc:
+            report.errors.append(f"Redis error: {exc}")
+            logger.error("sweep interrupted by a Redis error: %s", exc)
+        finally:
+            self._token = ""
+            with contextlib.suppress(RedisError):  # the lease expires by itself
+                self.queue.release_lock(token)
+            report.seconds = time.monotonic() - started
+        return report
+
+    def _keep_lease(self) -> None:
+        if self._token:
+            self.queue.extend_lock(self._token, self.lease)
+
+    # -- 1. dead workers --------------------------------------------------------
+
+    def _reap_dead_workers(self, report: SweepReport) -> None:
+        cutoff = time.time() - self.timeout
+        newly_dead = self.queue.declare_dead(cutoff)
+        if newly_dead:
+            logger.warning("declared dead (no heartbeat for %.0fs): %s", self.timeout, newly_dead)
+        # Also finishes workers a crashed sweeper declared dead but did not reap.
+        for worker_id in self.queue.dead_workers():
+            self._reap(worker_id, report)
+            self._keep_lease()
+
+    def _reap(self, worker_id: str, report: SweepReport) -> None:
+        ids = self.queue.processing_ids(worker_id)
+        rows = list(
+            Delivery.objects.filter(pk__in=set(ids)).values_list(
+                "pk", "status", "worker_id", "priority", "not_before"
+            )
+        )
+        back = [
+            QueueEntry(pk, priority, not_before.timestamp())
+            for pk, status, _w, priority, not_before in rows
+            if status == Status.QUEUED
+        ]
+        in_window = [
+            pk
+            for pk, status, owner, *_ in rows
+            if status == Status.PROCESSING and owner == worker_id
+        ]
+        if in_window:
+            self._apply_policy(in_window, Q(worker_id=worker_id), report, worker_id)
+        self.queue.reap(worker_id, back)
+        report.returned += len(back)
+        report.reaped += 1
+        logger.info(
+            "reaped worker %s: %d ids held, %d returned to the queue, %d were mid-send",
+            worker_id,
+            len(ids),
+            len(back),
+            len(in_window),
+        )
+
+    # -- 2. rows stuck in processing ----------------------------------------------
+
+    def _settle_stuck_rows(self, report: SweepReport) -> None:
+        alive = list(self.queue.live_workers())
+        cutoff = timezone.now() - timedelta(seconds=self.timeout)
+        stuck = Q(status=Status.PROCESSING, processing_started_at__lt=cutoff) & ~Q(
+            worker_id__in=alive
+        )
+        last = 0
+        while True:
+            ids = list(
+                Delivery.objects.filter(stuck, pk__gt=last)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:BATCH]
+            )
+            if not ids:
+                return
+            last = ids[-1]
+            self._apply_policy(ids, stuck, report, None)
+            self._keep_lease()
+
+    def _apply_policy(
+        self, ids: list[int], condition: Q, report: SweepReport, worker_id: str | None
+    ) -> None:
+        who = f"worker {worker_id}" if worker_id else "its worker"
+        if self.policy == "requeue":
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.QUEUED,
+                outcome=Outcome.REQUEUED,
+                actor=ACTOR,
+                error=f"{who} went away mid-send; requeued (the email may arrive twice)",
+                condition=condition & Q(attempts__lt=F("max_attempts")),
+            )
+            report.requeued += len(result.changed)
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.FAILED,
+                outcome=Outcome.FAILED,
+                actor=ACTOR,
+                error=f"{who} went away mid-send on every attempt; giving up",
+                condition=condition & Q(attempts__gte=F("max_attempts")),
+            )
+            report.failed += len(result.changed)
+        else:
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.ABANDONED,
+                outcome=Outcome.ABANDONED,
+                actor=ACTOR,
+                error=(
+                    f"{who} went away mid-send; check the mail logs for this Message-ID, "
+                    "then mark it sent or requeue it"
+                ),
+                condition=condition,
+            )
+            report.abandoned += len(result.changed)
+            if result.changed:
+                logger.warning(
+                    "marked %d deliveries abandoned for review: %s",
+                    len(result.changed),
+                    result.changed[:20],
+                )
+
+    # -- 3. the Redis mirror --------------------------------------------------------
+
+    def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
+        redis = self.queue.redis
+        state = {k.decode(): v.decode() for k, v in redis.hgetall(self.queue.mirror_key).items()}
+        now = time.time()
+        full = (
+            force_full
+            or "full_at" not in state
+            or now - float(state["full_at"]) > outbox_settings.MIRROR_FULL_SCAN_INTERVAL
+        )
+        report.full_mirror_check = full
+        rows = Delivery.objects.queued()
+        if full:
+            # Written first: if Redis loses its data during the scan, the marker
+            # goes with it and the next pass checks everything again.
+            redis.hset(self.queue.mirror_key, mapping={"full_at": now, "checked_until": now})
+            if "full_at" not in state:
+                logger.warning("Redis holds no mirror marker (first run or data loss): full check")
+        else:
+            since = float(state.get("checked_until", now)) - MIRROR_MARGIN
+            rows = rows.filter(updated_at__gte=_from_timestamp(since))
+        held = self._held_by_live_workers()
+        last = 0
+        while True:
+            batch = list(
+                rows.filter(pk__gt=last)
+                .order_by("pk")
+                .values_list("pk", "priority", "not_before")[:BATCH]
+            )
+            if not batch:
+                break
+            last = batch[-1][0]
+            entries = [
+                QueueEntry(pk, priority, not_before.timestamp())
+                for pk, priority, not_before in batch
+                if pk not in held
+            ]
+            report.remirrored += self.queue.push(entries)
+            self._keep_lease()
+        redis.hset(self.queue.mirror_key, "checked_until", now)
+        if report.remirrored:
+            logger.warning("re-mirrored %d queued deliveries Redis did not hold", report.remirrored)
+
+    def _held_by_live_workers(self) -> set[int]:
+        held: set[int] = set()
+        for worker_id in self.queue.live_workers():
+            held.update(self.queue.processing_ids(worker_id))
+        return held
+
+    # -- 4. retention -----------------------------------------------------------------
+
+    def purge_sent(self, older_than_days: float) -> int:
+        """Delete sent rows (and their attempts) older than the age, in batches."""
+        cutoff = timezone.now() - timedelta(days=older_than_days)
+        purged = 0
+        while True:
+            batch = list(
+                Delivery.objects.filter(status=Status.SENT, sent_at__lt=cutoff).values_list(
+                    "pk", "email_id"
+                )[:BATCH]
+            )
+            if not batch:
+                return purged
+            Delivery.objects.filter(pk__in=[pk for pk, _ in batch]).delete()
+            Email.objects.filter(
+                pk__in={email_id for _, email_id in batch}, deliveries__isnull=True
+            ).delete()
+            purged += len(batch)
+            self._keep_lease()
+
+
+def _from_timestamp(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=dt_timezone.utc)

@@ -1,0 +1,314 @@
+"""The worker loop, in process: claim, mark processing, send, settle."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from datetime import timedelta
+
+import pytest
+from django.core.mail.backends import locmem
+from django.utils import timezone
+
+from outbox import enqueue_email
+from outbox.models import Attempt, Delivery
+from outbox.queue import QueueEntry
+from outbox.worker import Worker, backoff_delay, is_permanent
+from tests.servers import wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Delivery.Status
+
+
+def burst(**kwargs) -> Worker:
+    worker = Worker(burst=True, **kwargs)
+    assert worker.run(install_signal_handlers=False) == 0
+    return worker
+
+
+def test_burst_delivers_everything_due_and_exits(outbox_mail, queue):
+    deliveries = enqueue_email(
+        "Hello", "Body", "shop@example.com", [f"u{i}@example.com" for i in range(50)]
+    )
+    later = enqueue_email(
+        "Later", "x", None, ["later@example.com"], send_at=timezone.now() + timedelta(hours=1)
+    )
+    worker = burst()
+    assert worker.delivered_total == 50
+    assert len(outbox_mail) == 50
+    assert Delivery.objects.filter(status=Status.SENT).count() == 50
+    assert Delivery.objects.get(pk=later[0].pk).status == Status.QUEUED
+    # Every finished id was acknowledged and the worker deregistered.
+    assert queue.live_workers() == {}
+    assert queue.redis.keys("{outbox}:processing:*") == []
+    sent = Delivery.objects.get(pk=deliveries[0].pk)
+    assert sent.sent_at is not None and sent.attempts == 1 and sent.claim_token is not None
+    attempt = Attempt.objects.get(delivery=sent)
+    assert attempt.outcome == Attempt.Outcome.SENT and attempt.claim_token == sent.claim_token
+    assert attempt.number == 1 and attempt.finished_at is not None
+
+
+def test_each_recipient_gets_its_own_copy(outbox_mail):
+    deliveries = enqueue_email(
+        "Receipt",
+        "Text body",
+        "Shop <shop@example.com>",
+        ["a@example.com", "Bob <b@example.com>"],
+        html_message="<p>HTML body</p>",
+        reply_to=["help@example.com"],
+        headers={"X-Order": "42"},
+        attachments=[("r.txt", b"receipt", "text/plain")],
+    )
+    burst()
+    by_to = {tuple(m.to): m for m in outbox_mail}
+    assert set(by_to) == {("a@example.com",), ("Bob <b@example.com>",)}
+    for delivery in deliveries:
+        message = by_to[(delivery.recipient,)]
+        assert message.recipients() == [delivery.recipient]
+        assert message.extra_headers["Message-ID"] == delivery.message_id
+        assert message.extra_headers["X-Order"] == "42"
+        assert message.reply_to == ["help@example.com"]
+        assert message.alternatives[0][0] == "<p>HTML body</p>"
+        assert message.attachments[0][0] == "r.txt"
+        parsed = message.message()
+        assert parsed["Message-ID"] == delivery.message_id
+        assert parsed["To"] == delivery.recipient
+
+
+class FlakyBackend(locmem.EmailBackend):
+    """Fails the first N sends with a transient error, then delivers."""
+
+    failures = 0
+    error: Exception = OSError("connection reset")
+
+    def send_messages(self, messages):
+        if FlakyBackend.failures > 0:
+            FlakyBackend.failures -= 1
+            raise FlakyBackend.error
+        return super().send_messages(messages)
+
+
+@pytest.fixture
+def flaky(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": "tests.test_worker.FlakyBackend"}
+    FlakyBackend.failures = 0
+    FlakyBackend.error = OSError("connection reset")
+    return FlakyBackend
+
+
+def test_transient_failure_retries_with_backoff_then_succeeds(flaky, outbox_mail, queue):
+    flaky.failures = 1
+    delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
+    burst()
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert row.status == Status.QUEUED and row.attempts == 1
+    assert "connection reset" in row.last_error
+    assert row.not_before > timezone.now() - timedelta(seconds=1)
+    # The retry waits in `scheduled`, not in a ready list.
+    assert queue.scheduled_length() == 1
+    wait_until(lambda: timezone.now() >= Delivery.objects.get(pk=delivery.pk).not_before, 5)
+    burst()
+    row.refresh_from_db()
+    assert row.status == Status.SENT and row.attempts == 2 and row.last_error == ""
+    outcomes = list(Attempt.objects.filter(delivery=row).values_list("number", "outcome"))
+    assert outcomes == [(1, "retry"), (2, "sent")]
+    assert len(outbox_mail) == 1
+
+
+def test_permanent_failure_marks_failed(flaky):
+    import smtplib
+
+    flaky.failures = 1
+    flaky.error = smtplib.SMTPRecipientsRefused({"a@example.com": (550, b"no such user")})
+    delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
+    burst()
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert row.status == Status.FAILED and row.attempts == 1
+    assert "no such user" in row.last_error
+    assert Attempt.objects.get(delivery=row).outcome == "failed"
+
+
+def test_attempts_exhausted_marks_failed(flaky):
+    flaky.failures = 10
+    delivery = enqueue_email("s", "b", None, ["a@example.com"], max_attempts=2)[0]
+    burst()
+    wait_until(lambda: timezone.now() >= Delivery.objects.get(pk=delivery.pk).not_before, 5)
+    burst()
+    row = Delivery.objects.get(pk=delivery.pk)
+    assert row.status == Status.FAILED and row.attempts == 2
+    assert list(Attempt.objects.filter(delivery=row).values_list("outcome", flat=True)) == [
+        "retry",
+        "failed",
+    ]
+
+
+def test_one_bad_message_does_not_stall_the_queue(flaky, outbox_mail):
+    flaky.failures = 1
+    enqueue_email("first", "b", None, ["a@example.com"])
+    enqueue_email("second", "b", None, ["b@example.com"])
+    burst()
+    assert [m.subject for m in outbox_mail] == ["second"]
+
+
+def test_duplicate_and_stale_ids_send_nothing_twice(outbox_mail, queue):
+    delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
+    cancelled = enqueue_email("s", "b", None, ["c@example.com"])[0]
+    Delivery.objects.filter(pk=cancelled.pk).update(status=Status.CANCELLED)
+    # The same id pushed again, bypassing the dedup gate, as after a partial loss.
+    for _ in range(3):
+        queue.redis.lpush(queue.ready_key("normal"), delivery.pk)
+    queue.redis.lpush(queue.ready_key("normal"), 999_999)  # a row that does not exist
+    worker = burst()
+    assert len(outbox_mail) == 1
+    assert worker.stats.take() == (0, 0, 0, 0)  # the summary was already logged and reset
+    assert Delivery.objects.get(pk=delivery.pk).attempts == 1
+    assert Delivery.objects.get(pk=cancelled.pk).status == Status.CANCELLED
+    assert queue.redis.keys("{outbox}:processing:*") == []
+
+
+def test_early_id_is_put_back_in_schedule(outbox_mail, queue):
+    later = timezone.now() + timedelta(hours=1)
+    delivery = enqueue_email("s", "b", None, ["a@example.com"], send_at=later)[0]
+    queue.redis.lpush(queue.ready_key("normal"), delivery.pk)  # pushed early by mistake
+    queue.redis.delete(queue.scheduled_key, queue.queued_key)
+    burst()
+    assert outbox_mail == []
+    assert queue.redis.zscore(queue.scheduled_key, f"{delivery.pk}:2") == pytest.approx(
+        later.timestamp()
+    )
+
+
+def test_stale_worker_cannot_overwrite_another_attempts_outcome():
+    from outbox.worker import Started
+
+    delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
+    # Attempt 1 by a worker that then stalls; the row is given to attempt 2.
+    old_token, new_token = uuid.uuid4(), uuid.uuid4()
+    Delivery.objects.filter(pk=delivery.pk).update(
+        status=Status.PROCESSING, claim_token=new_token, attempts=2, worker_id="other"
+    )
+    worker = Worker(burst=True)
+    row = Delivery.objects.get(pk=delivery.pk)
+    stale = Started(row, row.email, [], old_token, 0.0, worker.generation)
+    worker._finish_sent(stale)
+    worker._finish_failed(stale, OSError("late"))
+    row.refresh_from_db()
+    assert row.status == Status.PROCESSING and row.claim_token == new_token
+    assert row.last_error == ""
+
+
+def test_priorities_high_first(outbox_mail):
+    enqueue_email("low", "b", None, ["l@example.com"], priority="low")
+    enqueue_email("normal", "b", None, ["n@example.com"])
+    enqueue_email("high", "b", None, ["h@example.com"], priority="high")
+    burst()
+    assert [m.subject for m in outbox_mail] == ["high", "normal", "low"]
+
+
+def test_send_at_is_respected_and_fires_soon_after(outbox_mail):
+    at = timezone.now() + timedelta(seconds=1)
+    delivery = enqueue_email("s", "b", None, ["a@example.com"], send_at=at)[0]
+    worker = Worker()
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        wait_until(lambda: Delivery.objects.get(pk=delivery.pk).status == Status.SENT, 10)
+    finally:
+        worker.stop()
+        thread.join(10)
+    sent_at = Delivery.objects.get(pk=delivery.pk).sent_at
+    assert at <= sent_at < at + timedelta(seconds=2)
+
+
+def test_concurrency_delivers_every_message_once(outbox_mail):
+    deliveries = enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(200)])
+    worker = burst(concurrency=4)
+    assert worker.delivered_total == 200
+    assert sorted(m.to[0] for m in outbox_mail) == sorted(d.recipient for d in deliveries)
+    assert Attempt.objects.count() == 200
+
+
+def test_max_messages_stops_and_gives_back_the_rest(outbox_mail, queue):
+    enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(30)])
+    worker = Worker(max_messages=7)
+    worker.run(install_signal_handlers=False)
+    assert len(outbox_mail) == 7
+    assert queue.redis.llen(queue.ready_key("normal")) == 23
+    assert queue.queued_count() == 23
+
+
+def test_declared_dead_worker_reregisters_under_a_new_id(queue, outbox_mail):
+    worker = Worker()
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        first = wait_until(lambda: next(iter(queue.live_workers()), None), 5)
+        queue.declare_dead(cutoff=float("inf"))
+        second = wait_until(lambda: next((w for w in queue.live_workers() if w != first), None), 5)
+        assert second != first and worker.worker_id == second
+        enqueue_email("s", "b", None, ["a@example.com"])
+        wait_until(lambda: len(outbox_mail) == 1, 5)
+        assert Delivery.objects.get().worker_id == second
+    finally:
+        worker.stop()
+        thread.join(10)
+
+
+def test_backoff_grows_with_jitter_and_is_capped():
+    for attempt in range(1, 12):
+        delay = backoff_delay(attempt, 10, 3600)
+        ceiling = min(3600, 10 * 2 ** (attempt - 1))
+        assert ceiling / 2 <= delay <= ceiling
+
+
+def test_error_classification():
+    import smtplib
+
+    from outbox.exceptions import DeliveryError
+
+    assert is_permanent(smtplib.SMTPRecipientsRefused({"a": (550, b"no")}))
+    assert not is_permanent(smtplib.SMTPRecipientsRefused({"a": (451, b"later")}))
+    assert is_permanent(smtplib.SMTPDataError(554, b"rejected"))
+    assert not is_permanent(smtplib.SMTPDataError(421, b"busy"))
+    assert not is_permanent(smtplib.SMTPAuthenticationError(535, b"bad auth"))
+    assert not is_permanent(smtplib.SMTPServerDisconnected("gone"))
+    assert not is_permanent(ConnectionRefusedError())
+    assert is_permanent(ValueError("Invalid address"))
+    assert is_permanent(DeliveryError("x", permanent=True))
+    assert not is_permanent(DeliveryError("x"))
+
+
+def test_worker_survives_a_redis_restart(redis_server, settings, outbox_mail):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": redis_server.url,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 2},
+        }
+    }
+    worker = Worker()
+    thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+    thread.start()
+    try:
+        enqueue_email("before", "b", None, ["a@example.com"])
+        wait_until(lambda: len(outbox_mail) == 1, 10)
+        redis_server.restart()
+        enqueue_email("after", "b", None, ["b@example.com"])
+        wait_until(lambda: len(outbox_mail) == 2, 20)
+        assert thread.is_alive()
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert [m.subject for m in outbox_mail] == ["before", "after"]
+
+
+def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
+    enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
+    worker = Worker(burst=True)
+    claimed = queue.claim(worker.worker_id, 2)
+    assert len(claimed) == 2
+    worker._give_back(__import__("collections").deque(claimed), [])
+    assert queue.redis.llen(queue.ready_key("normal")) == 2
+    assert queue.redis.llen(queue.processing_key(worker.worker_id)) == 0
+    assert queue.push([QueueEntry(claimed[0].id, "normal", 0)]) == 0  # already back
