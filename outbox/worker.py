@@ -4,12 +4,14 @@ For each message, in this order (``../shared/seeds/000``):
 
 1. claim ids from Redis into this worker's processing list (one round trip,
    which also acknowledges the ids finished since the last claim);
-2. mark the row ``processing`` with one conditional UPDATE (``status='queued'``
-   and due) and write its Attempt row, in one transaction. If no row changed,
-   the id was stale or a duplicate: it is dropped, nothing is sent;
+2. mark the row ``processing`` with one conditional ``UPDATE ... RETURNING``
+   (``status='queued'`` and due), which records the worker, a fresh claim
+   token and the start time on the row itself. If no row changed, the id was
+   stale or a duplicate: it is dropped, nothing is sent;
 3. hand the message to the delivery backend;
 4. mark the row ``sent`` with an UPDATE that matches this attempt's claim
-   token, or requeue it with backoff, or mark it ``failed``.
+   token, or requeue it with backoff, or mark it ``failed``, and write the
+   attempt's Attempt row in the same transaction.
 
 Why this order is safe: the database row, not Redis, decides who may send. A
 crash before step 2 leaves a queued row (the sweeper pushes it back); a crash
@@ -57,13 +59,16 @@ Outcome = Attempt.Outcome
 
 # Fault injection for the crash tests and the chaos run: with
 # OUTBOX_FAULT_POINT=<point> the worker stops itself (SIGSTOP) at that point of
-# its loop, so that a test can SIGKILL it exactly there. Points: after_claim,
-# after_mark_processing, after_send, after_mark_sent.
+# its loop, so that a test can SIGKILL it (or break its database connection)
+# exactly there; OUTBOX_FAULT_COUNT=<n> limits how many times. Points:
+# after_claim, after_mark_processing, after_send, after_mark_sent.
 _FAULT_POINT = os.environ.get("OUTBOX_FAULT_POINT", "")
+_fault_budget = [int(os.environ.get("OUTBOX_FAULT_COUNT", "-1"))]
 
 
 def _fault(point: str) -> None:
-    if point == _FAULT_POINT:
+    if point == _FAULT_POINT and _fault_budget[0] != 0:
+        _fault_budget[0] -= 1
         os.kill(os.getpid(), signal.SIGSTOP)
 
 
@@ -419,33 +424,16 @@ class Worker:
     def _mark_processing(self, item: Claimed, generation: int, token: uuid.UUID) -> Started | None:
         """Step 2: claim the row in the database. None means a stale id: drop it.
 
-        Raises DatabaseError when the database is away; the caller retries with
-        the same ``token``.
+        One statement, committed on its own: the row then names this worker,
+        the claim token and the start time, which is all the evidence the
+        sweeper needs if we die before step 4. Raises DatabaseError when the
+        database is away; the caller retries with the same ``token``.
         """
         now = timezone.now()
         close_old_connections()
-        with transaction.atomic():
-            changed = Delivery.objects.filter(
-                pk=item.id, status=Status.QUEUED, not_before__lte=now
-            ).update(
-                status=Status.PROCESSING,
-                worker_id=self.worker_id,
-                claim_token=token,
-                processing_started_at=now,
-                attempts=F("attempts") + 1,
-                updated_at=now,
-            )
-            if changed:
-                delivery = Delivery.objects.get(pk=item.id)
-                Attempt.objects.create(
-                    delivery=delivery,
-                    number=delivery.attempts,
-                    worker_id=self.worker_id,
-                    claim_token=token,
-                    started_at=now,
-                    actor=self.worker_id,
-                )
-            else:
+        delivery = _claim_row(item.id, self.worker_id, token, now)
+        if delivery is None:
+            with transaction.atomic():
                 owned = Delivery.objects.filter(
                     pk=item.id, status=Status.PROCESSING, claim_token=token
                 ).first()
@@ -453,7 +441,7 @@ class Worker:
                     self._reschedule_if_early(item, now)
                     self.stats.add("skipped")
                     return None
-                delivery = owned  # our earlier UPDATE committed; its reply was lost
+            delivery = owned  # our earlier UPDATE committed; its reply was lost
         email, attachments = self._email(delivery.email_id)
         return Started(delivery, email, attachments, token, time.monotonic(), generation)
 
@@ -517,9 +505,7 @@ class Worker:
                 ).update(status=Status.SENT, sent_at=now, updated_at=now, last_error="")
                 # The attempt records the server's acceptance even if the row
                 # was settled by someone else meanwhile: it is the evidence.
-                Attempt.objects.filter(delivery_id=delivery.pk, claim_token=started.token).update(
-                    finished_at=now, outcome=Outcome.SENT
-                )
+                self._log_attempt(started, now, Outcome.SENT)
             return changed
 
         changed = self._persist(write, delivery, "sent")
@@ -567,11 +553,7 @@ class Worker:
                         worker_id="",
                         updated_at=now,
                     )
-                Attempt.objects.filter(delivery_id=delivery.pk, claim_token=started.token).update(
-                    finished_at=now,
-                    outcome=Outcome.FAILED if final else Outcome.RETRY,
-                    error=error,
-                )
+                self._log_attempt(started, now, Outcome.FAILED if final else Outcome.RETRY, error)
                 if changed and not final:
                     entry = QueueEntry(delivery.pk, delivery.priority, retry_at.timestamp())
                     transaction.on_commit(lambda: self._push_quietly([entry]))
@@ -616,9 +598,7 @@ class Worker:
                     worker_id="",
                     updated_at=now,
                 )
-                Attempt.objects.filter(delivery_id=delivery.pk, claim_token=started.token).update(
-                    finished_at=now, outcome=Outcome.RELEASED, error="lease expired before sending"
-                )
+                self._log_attempt(started, now, Outcome.RELEASED, "lease expired before sending")
                 if changed:
                     entry = QueueEntry(delivery.pk, delivery.priority, now.timestamp())
                     transaction.on_commit(lambda: self._push_quietly([entry]))
@@ -626,6 +606,22 @@ class Worker:
 
         logger.warning("delivery %s: lease expired before sending; releasing it", delivery.pk)
         self._persist(write, delivery, "released")
+
+    def _log_attempt(
+        self, started: Started, finished: datetime, outcome: str, error: str = ""
+    ) -> None:
+        delivery = started.delivery
+        Attempt.objects.create(
+            delivery_id=delivery.pk,
+            number=delivery.attempts,
+            worker_id=delivery.worker_id,
+            claim_token=started.token,
+            started_at=delivery.processing_started_at or finished,
+            finished_at=finished,
+            outcome=outcome,
+            error=error,
+            actor=delivery.worker_id,
+        )
 
     def _persist(self, write: Callable[[], int], delivery: Delivery, what: str) -> int | None:
         """Run a settling write, retrying while the database is unreachable.
@@ -669,6 +665,47 @@ class Worker:
             logger.warning(
                 "could not push %d ids to Redis (%s); the sweeper will", len(entries), exc
             )
+
+
+_CLAIM_SQL = """
+UPDATE {table} SET status = %s, worker_id = %s, claim_token = %s,
+    processing_started_at = %s, updated_at = %s, attempts = attempts + 1
+WHERE id = %s AND status = %s AND not_before <= %s
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
+"""
+
+
+def _claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Delivery | None:
+    """The conditional UPDATE of step 2 with RETURNING (PostgreSQL, SQLite >= 3.35).
+
+    Returns the claimed row (the fields the worker needs), or None if the row
+    was not queued and due.
+    """
+    ops = connection.ops
+    when = ops.adapt_datetimefield_value(now)
+    token_db = Delivery._meta.get_field("claim_token").get_db_prep_value(token, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _CLAIM_SQL.format(table=ops.quote_name(Delivery._meta.db_table)),
+            [Status.PROCESSING, worker_id, token_db, when, when, pk, Status.QUEUED, when],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    email_id, recipient, priority, attempts, max_attempts, message_id = row
+    return Delivery(
+        pk=pk,
+        email_id=email_id,
+        recipient=recipient,
+        priority=priority,
+        attempts=attempts,
+        max_attempts=max_attempts,
+        message_id=message_id,
+        status=Status.PROCESSING,
+        worker_id=worker_id,
+        claim_token=token,
+        processing_started_at=now,
+    )
 
 
 class _Backoff:

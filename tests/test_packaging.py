@@ -1,0 +1,72 @@
+"""The built wheel is an importable app that carries its migrations and Lua scripts."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.slow
+
+MIGRATE_FROM_WHEEL = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import django
+from django.conf import settings
+settings.configure(
+    INSTALLED_APPS=["django.contrib.contenttypes", "django.contrib.auth", "outbox"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+    CACHES={"default": {"BACKEND": "django_redis.cache.RedisCache",
+                        "LOCATION": "redis://127.0.0.1:1/0"}},
+    USE_TZ=True,
+)
+django.setup()
+import outbox, outbox.queue
+assert outbox.__file__.startswith(sys.argv[1]), outbox.__file__
+from django.core.management import call_command
+call_command("migrate", "outbox", verbosity=0)
+from outbox.models import Delivery
+assert Delivery.objects.count() == 0
+assert "redis.call" in outbox.queue._script_source("claim")
+print("ok", outbox.__version__)
+"""
+
+
+def test_wheel_contains_the_app_and_installs(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        check=True,
+        capture_output=True,
+    )
+    wheel = next(tmp_path.glob("django_email_outbox-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for required in (
+        "outbox/migrations/0001_initial.py",
+        "outbox/lua/claim.lua",
+        "outbox/lua/_common.lua",
+        "outbox/py.typed",
+        "outbox/management/commands/outbox_worker.py",
+        "outbox/management/commands/outbox_sweep.py",
+    ):
+        assert required in names
+    assert not any(n.startswith(("tests/", "example_project/")) for n in names)
+
+    target = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target), str(wheel)],
+        check=True,
+        capture_output=True,
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", MIGRATE_FROM_WHEEL, str(target)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok ")
