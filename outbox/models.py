@@ -228,4 +228,4 @@ class Attempt(models.Model):
         ]
 
     def __str__(self) -> str:
-        return f"#{self.number} {self.outcome}"
+        return f"#{self.number} {self.get_outcome_display()}"
