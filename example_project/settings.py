@@ -7,6 +7,8 @@ EXAMPLE_MAIL_DIR (where the worker writes delivered mail, one file per message).
 import os
 from pathlib import Path
 
+import django
+
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = os.environ.get("DJANGO_SECRET_KEY", "example-only-not-secret")
 DEBUG = True
@@ -65,13 +67,28 @@ CACHES = {
     }
 }
 
-# The worker writes each delivered message to a file here, for you to read.
-EMAIL_FILE_PATH = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR.parent / "sent_mail"))
+OUTBOX = {"REDIS_CACHE": "default"}
 
-OUTBOX = {
-    "REDIS_CACHE": "default",
-    "EMAIL_BACKEND": "django.core.mail.backends.filebased.EmailBackend",
-}
+# The worker writes each delivered message to a file here, for you to read.
+EXAMPLE_MAIL_DIR = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR.parent / "sent_mail"))
+
+# Mail the project sends with Django's API (send_mail, password reset, error
+# reports to ADMINS) goes into the outbox too; the worker delivers through the
+# file backend. Django 6.1 is configured with MAILERS, 5.2 with EMAIL_BACKEND,
+# so that neither version warns.
+if django.VERSION >= (6, 1):
+    MAILERS = {
+        "default": {"BACKEND": "outbox.backends.OutboxBackend"},
+        "delivery": {
+            "BACKEND": "django.core.mail.backends.filebased.EmailBackend",
+            "OPTIONS": {"file_path": EXAMPLE_MAIL_DIR},
+        },
+    }
+    OUTBOX["MAILER"] = "delivery"
+else:
+    EMAIL_BACKEND = "outbox.backends.OutboxBackend"
+    EMAIL_FILE_PATH = EXAMPLE_MAIL_DIR
+    OUTBOX["EMAIL_BACKEND"] = "django.core.mail.backends.filebased.EmailBackend"
 
 LOGGING = {
     "version": 1,

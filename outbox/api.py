@@ -1,4 +1,16 @@
-"""``enqueue_email``: put an email in the outbox, one delivery per recipient."""
+"""Put email in the outbox: one validated write path, two ways in.
+
+``enqueue_email`` takes ``send_mail``-style arguments and gives each recipient
+a copy addressed to them alone. The outbox email backend
+(:class:`outbox.backends.OutboxBackend`) hands over Django ``EmailMessage``
+objects through :func:`prepare_message` and :func:`write_prepared`: every
+envelope recipient (To, Cc and Bcc) gets one delivery, and the To and Cc
+headers the sender wrote are stored in ``Email.headers`` so that every copy
+shows them (see :mod:`outbox.message`).
+
+Both paths validate everything before writing, write the rows in the caller's
+transaction, and push ids to Redis only after the commit.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +20,15 @@ import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from email.message import Message as MIMEMessage
 from functools import partial
 from typing import Any
 
 from django.conf import settings
+from django.core.mail import EmailMessage
 from django.db import router, transaction
 from django.utils import timezone
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
 from . import signals
@@ -21,6 +36,7 @@ from .conf import PRIORITIES, outbox_settings
 from .models import Attachment, Delivery, Email
 from .queue import QueueEntry, RedisQueue
 from .validation import (
+    check_mimetype,
     check_text,
     field_error,
     normalize_address,
@@ -31,8 +47,18 @@ from .validation import (
 
 logger = logging.getLogger("outbox.enqueue")
 
+# Far beyond any sane retry budget, and well inside the column.
+MAX_ATTEMPTS_LIMIT = 1000
+# Message-ID is "<" + 32 hex + "@" + domain + ">" in a 255-character column;
+# also short enough that no mail library folds it onto a second line.
+MAX_MESSAGE_ID_DOMAIN = 60
+
 # Chunk size of `recipient__in` look-ups (SQLite limits query parameters).
 _IN_CHUNK = 500
+
+# The To header of a copy whose sender wrote no To (a Cc/Bcc-only message): an
+# empty RFC 5322 group, as MTAs write it. It never names a Bcc recipient.
+UNDISCLOSED_RECIPIENTS = "undisclosed-recipients:;"
 
 
 @dataclass
@@ -163,8 +189,12 @@ def _prepare(
     if max_attempts is None:
         max_attempts = outbox_settings.MAX_ATTEMPTS
     require_type("max_attempts", max_attempts, int, "an integer")
-    if max_attempts < 1:
-        raise field_error("max_attempts", _("max_attempts must be at least 1."), "min_value")
+    if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
+        raise field_error(
+            "max_attempts",
+            _("max_attempts must be between 1 and %(limit)d.") % {"limit": MAX_ATTEMPTS_LIMIT},
+            "range",
+        )
 
     return _Prepared(
         subject=subject,
@@ -203,12 +233,138 @@ def _prepare_attachments(attachments: Any) -> list[tuple[str, bytes, str]]:
             mimetype = mimetypes.guess_type(name)[0] or "application/octet-stream"
         require_type("attachments", mimetype, str, "a MIME type string")
         check_text("attachments", mimetype, single_line=True)
+        check_mimetype("attachments", mimetype)
         result.append((name, bytes(content), mimetype))
     return result
 
 
+def prepare_message(
+    message: EmailMessage, *, priority: str = "normal", max_attempts: int | None = None
+) -> _Prepared:
+    """Validate a Django ``EmailMessage`` for :func:`write_prepared`.
+
+    Every envelope recipient (``to + cc + bcc``, duplicates removed) becomes
+    one delivery. The To and Cc headers as the sender wrote them go into the
+    stored headers, so that each copy shows them; when the sender wrote no To,
+    the copies say ``To: undisclosed-recipients:;``. Bcc recipients appear in
+    no header. ``To``/``Cc`` given in ``message.extra_headers`` win, as they do
+    in Django.
+
+    The body may be plain text with at most one ``text/html`` alternative, or
+    HTML (``content_subtype = "html"``) with at most one ``text/plain``
+    alternative. Attachments are files: ``(filename, content, mimetype)``
+    entries, or MIME parts that carry one file (not inline parts with a
+    Content-ID, which the outbox cannot store).
+
+    Raises ``ValidationError`` (or ``TypeError``) like :func:`enqueue_email`.
+    """
+    to = _message_addresses("to", message.to)
+    cc = _message_addresses("cc", message.cc)
+    bcc = _message_addresses("bcc", message.bcc)
+    headers = _message_headers(message.extra_headers)
+    if "To" not in headers:
+        headers["To"] = ", ".join(to) if to else UNDISCLOSED_RECIPIENTS
+    if "Cc" not in headers and cc:
+        headers["Cc"] = ", ".join(cc)
+    body, html = _message_bodies(message)
+    return _prepare(
+        _as_text(message.subject),
+        body,
+        _as_text(message.from_email),
+        [*to, *cc, *bcc],
+        html_message=html,
+        reply_to=[_as_text(a) for a in message.reply_to or () if a],
+        headers=headers,
+        attachments=[_message_attachment(item) for item in message.attachments],
+        send_at=None,
+        priority=priority,
+        idempotency_key=None,
+        max_attempts=max_attempts,
+    )
+
+
+def write_prepared(prepared: Sequence[_Prepared]) -> list[list[Delivery]]:
+    """Write validated emails in one transaction (a savepoint in the caller's)."""
+    using = router.db_for_write(Delivery)
+    with transaction.atomic(using=using):
+        return [_write(p) for p in prepared]
+
+
+def _as_text(value: Any) -> Any:
+    """Lazy translations become str; anything else is left for validation."""
+    return str(value) if isinstance(value, Promise) else value
+
+
+def _message_addresses(field_name: str, values: Any) -> list[str]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{field_name} must be a list or tuple of addresses, not a string")
+    return normalize_address_list(field_name, [_as_text(v) for v in values or () if v])
+
+
+def _message_headers(extra: Any) -> dict[str, str]:
+    if not extra:
+        return {}
+    if not isinstance(extra, dict):
+        raise TypeError(f"headers must be a dict, not {type(extra).__name__}")
+    # Django writes any value with str(); so do we, then validate the text.
+    headers = {
+        name: value if isinstance(value, str) else str(value) for name, value in extra.items()
+    }
+    return normalize_headers(headers)
+
+
+def _message_bodies(message: EmailMessage) -> tuple[str, str | None]:
+    """``(text body, HTML or None)`` of a message, or a ValidationError."""
+    body = _as_text(message.body) or ""
+    subtype = getattr(message, "content_subtype", "plain")
+    alternatives = [
+        (_as_text(alt[0]), str(alt[1])) for alt in getattr(message, "alternatives", None) or ()
+    ]
+    wanted = {"plain": "text/html", "html": "text/plain"}.get(subtype)
+    if wanted is None:
+        raise field_error(
+            "content_subtype",
+            _("The outbox stores plain text or HTML bodies, not %(subtype)r.")
+            % {"subtype": subtype},
+        )
+    if len(alternatives) > 1 or any(mimetype != wanted for _c, mimetype in alternatives):
+        raise field_error(
+            "alternatives",
+            _("The outbox stores a text body and one HTML alternative; got %(types)s.")
+            % {"types": ", ".join([f"text/{subtype}", *(m for _c, m in alternatives)])},
+        )
+    other = alternatives[0][0] if alternatives else None
+    if subtype == "plain":
+        return body, other
+    return other or "", body
+
+
+def _message_attachment(item: Any) -> Any:
+    """One entry of ``EmailMessage.attachments`` as ``(filename, content, mimetype)``."""
+    if isinstance(item, MIMEMessage):  # MIMEBase (Django 5.2) or MIMEPart (6.1)
+        if item.is_multipart():
+            raise field_error("attachments", _("Multipart attachments are not supported."))
+        if item.get("Content-ID") or item.get_content_disposition() == "inline":
+            raise field_error(
+                "attachments",
+                _("Inline parts (with a Content-ID) are not supported; attach files instead."),
+            )
+        payload = item.get_payload(decode=True)
+        return (item.get_filename() or "", payload or b"", item.get_content_type())
+    if not isinstance(item, tuple) or len(item) != 3:
+        return item  # _prepare_attachments raises the TypeError
+    name, content, mimetype = item
+    if isinstance(content, EmailMessage):  # a message/rfc822 attachment
+        content = content.message().as_bytes()
+    elif isinstance(content, MIMEMessage):
+        content = content.as_bytes()
+    return (name, content, mimetype)
+
+
 def make_message_id(domain: str) -> str:
-    """A globally unique Message-ID for one recipient's copy."""
+    """A globally unique Message-ID for one recipient's copy (fits its column)."""
+    if len(domain) > MAX_MESSAGE_ID_DOMAIN:
+        domain = "localhost"  # a valid but absurdly long sender domain
     return f"<{uuid.uuid4().hex}@{domain}>"
 
 

@@ -1,33 +1,59 @@
 """Email backends: where the worker delivers, and the backends the outbox ships.
 
+:class:`OutboxBackend` puts mail in the outbox: as ``EMAIL_BACKEND`` (Django
+5.2) or as a mailer in ``MAILERS`` (Django 6.1), ``send_mail()``,
+``EmailMessage.send()``, ``mail_admins()`` and the password reset form all go
+through the outbox with no change to the calling code.
+
 The worker's delivery target is, in order:
 
-1. ``OUTBOX["EMAIL_BACKEND"]``: a backend's dotted path (any Django version);
+1. ``OUTBOX["EMAIL_BACKEND"]``: a backend's dotted path (any Django version;
+   the class is created with no arguments, so on Django 6.1 prefer 2.);
 2. on Django >= 6.1 with ``settings.MAILERS``: the mailer ``OUTBOX["MAILER"]``
    (default ``"default"``);
 3. otherwise ``settings.EMAIL_BACKEND`` (Django <= 6.0, or 6.1 not yet migrated).
+
+When the project's own mail goes through :class:`OutboxBackend`, the worker
+must deliver somewhere else: system check ``outbox.E008`` refuses a target that
+is the outbox itself. Typical settings::
+
+    # Django 5.2
+    EMAIL_BACKEND = "outbox.backends.OutboxBackend"
+    OUTBOX = {"EMAIL_BACKEND": "django.core.mail.backends.smtp.EmailBackend"}
+
+    # Django 6.1
+    MAILERS = {
+        "default": {"BACKEND": "outbox.backends.OutboxBackend"},
+        "smtp": {"OPTIONS": {"host": "smtp.example.com", "port": 587, "use_tls": True}},
+    }
+    OUTBOX = {"MAILER": "smtp"}
 """
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import warnings
 from collections.abc import Sequence
+from email.utils import parseaddr
 from typing import Any
 
 from django.conf import settings
 from django.core import mail
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.mail.backends.base import BaseEmailBackend
-from django.core.mail.message import EmailMessage, sanitize_address
+from django.core.mail.message import EmailMessage
+from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
-from .conf import outbox_settings
+from .conf import PRIORITIES, outbox_settings
 from .exceptions import DeliveryError
 
 HAS_MAILERS = hasattr(mail, "mailers")  # Django >= 6.1
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
 EX_TEMPFAIL = 75  # sysexits.h: "try again later"
+
+logger = logging.getLogger("outbox.backends")
 
 
 def _uses_mailers() -> bool:
@@ -64,6 +90,17 @@ def get_delivery_connection() -> BaseEmailBackend:
     return mail.get_connection()
 
 
+def envelope_address(value: str) -> str:
+    """The bare ``local@domain`` of an address, domain IDNA-encoded."""
+    address = parseaddr(value)[1] or value
+    local, _, domain = address.rpartition("@")
+    try:
+        domain = domain.encode("idna").decode("ascii")
+    except UnicodeError:
+        pass  # leave it; the mail server will refuse it and say why
+    return f"{local}@{domain}" if local else address
+
+
 class SendmailBackend(BaseEmailBackend):
     """Pipe each message to a sendmail binary, never through a shell.
 
@@ -83,7 +120,9 @@ class SendmailBackend(BaseEmailBackend):
         fail_silently: bool = False,
         **kwargs: Any,
     ) -> None:
-        super().__init__(fail_silently=fail_silently, **kwargs)
+        super().__init__(**kwargs)
+        # Our own attribute: Django 6.1 deprecates the base class's.
+        self.fail_silently = fail_silently
         self.sendmail_path = sendmail_path or outbox_settings.SENDMAIL_PATH
         self.timeout = timeout
 
@@ -102,9 +141,11 @@ class SendmailBackend(BaseEmailBackend):
         recipients = message.recipients()
         if not recipients:
             return False
-        encoding = message.encoding or settings.DEFAULT_CHARSET
-        sender = sanitize_address(message.from_email, encoding)
-        envelope = [sanitize_address(addr, encoding) for addr in recipients]
+        # The envelope carries bare addresses: a display name in `-f` or a
+        # recipient argument would reach MAIL FROM / RCPT TO verbatim in some
+        # sendmail implementations.
+        sender = envelope_address(message.from_email)
+        envelope = [envelope_address(addr) for addr in recipients]
         data = message.message().as_bytes()
         command = [self.sendmail_path, "-oi", "-f", sender, "--", *envelope]
         try:
@@ -122,3 +163,77 @@ class SendmailBackend(BaseEmailBackend):
             f"sendmail exited with status {result.returncode}: {stderr}",
             permanent=result.returncode != EX_TEMPFAIL,
         )
+
+
+class OutboxBackend(BaseEmailBackend):
+    """Put each message in the outbox instead of sending it.
+
+    Every envelope recipient (To, Cc and Bcc) gets one delivery and its own
+    copy; the copies show the To and Cc headers as written, never a Bcc
+    recipient (see :mod:`outbox.message`). The rules are those of
+    :func:`~outbox.api.enqueue_email`: called inside ``transaction.atomic()``
+    the rows belong to the caller's transaction (a rollback sends nothing) and
+    ids reach Redis after the commit. All messages of one
+    :meth:`send_messages` call are written in one transaction.
+
+    Returns the number of messages accepted. A message Django would not send
+    (no recipients) is skipped. An invalid one raises its
+    :class:`~django.core.exceptions.ValidationError` (or ``TypeError``) before
+    anything is written; with ``fail_silently`` it is skipped and not counted,
+    and a database error is logged instead of raised.
+
+    Options (``OPTIONS`` of a Django 6.1 mailer, or keyword arguments):
+    ``priority`` (``"high"``, ``"normal"``, ``"low"``; default ``"normal"``),
+    ``max_attempts`` (default ``OUTBOX["MAX_ATTEMPTS"]``), ``fail_silently``.
+    """
+
+    def __init__(
+        self,
+        fail_silently: bool = False,
+        *,
+        priority: str = "normal",
+        max_attempts: int | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # fail_silently is ours: Django 6.1's base class deprecates it, and
+        # rejects any option it does not know (alias is passed on).
+        super().__init__(**kwargs)
+        self.fail_silently = fail_silently
+        alias = getattr(self, "alias", None)
+        where = f"MAILERS[{alias!r}]" if alias else "OutboxBackend"
+        if priority not in PRIORITIES:
+            raise ImproperlyConfigured(
+                f"{where}: priority is {priority!r}; use one of {', '.join(PRIORITIES)}."
+            )
+        if max_attempts is not None and (
+            not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+        ):
+            raise ImproperlyConfigured(f"{where}: max_attempts must be a positive integer.")
+        self.priority = priority
+        self.max_attempts = max_attempts
+
+    def send_messages(self, email_messages: Sequence[EmailMessage]) -> int:
+        from .api import prepare_message, write_prepared
+
+        prepared = []
+        for message in email_messages:
+            if not message.recipients():
+                continue
+            try:
+                prepared.append(
+                    prepare_message(message, priority=self.priority, max_attempts=self.max_attempts)
+                )
+            except (ValidationError, TypeError) as exc:
+                if not self.fail_silently:
+                    raise
+                logger.warning("not queueing an invalid email %r: %s", message.subject, exc)
+        if not prepared:
+            return 0
+        try:
+            write_prepared(prepared)
+        except DatabaseError:
+            if not self.fail_silently:
+                raise
+            logger.error("could not queue %d email(s)", len(prepared), exc_info=True)
+            return 0
+        return len(prepared)

@@ -1,4 +1,22 @@
-"""System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email."""
+"""System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email.
+
+Messages are in English, as Django's own checks are: they are for developers
+and carry an id to search for.
+
+========== ==============================================================
+outbox.E001 ``OUTBOX`` is not a dict
+outbox.W001 unknown ``OUTBOX`` keys
+outbox.E002 ``OUTBOX["REDIS_CACHE"]`` is not in ``CACHES``
+outbox.E003 that cache is not a django-redis cache
+outbox.E004 unknown ``ABANDONED_POLICY``
+outbox.E005 a number out of range, or of the wrong type
+outbox.E006 unusable ``KEY_PREFIX``
+outbox.E007 the worker's delivery backend cannot be resolved or imported
+outbox.E008 the worker would deliver into the outbox itself
+outbox.W002 ``OUTBOX["MAILER"]`` is set but ``MAILERS`` is not in use
+outbox.W003 Django 6.1 with ``MAILERS``, and a dotted path in ``OUTBOX["EMAIL_BACKEND"]``
+========== ==============================================================
+"""
 
 from __future__ import annotations
 
@@ -7,10 +25,9 @@ from typing import Any
 
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
+from django.utils.module_loading import import_string
 
 from .conf import ABANDONED_POLICIES, DEFAULTS, outbox_settings
-
-OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
 
 
 @register()
@@ -48,7 +65,8 @@ def check_outbox_settings(
             )
         )
     else:
-        backend = str(caches[alias].get("BACKEND", ""))
+        config = caches[alias]
+        backend = str(config.get("BACKEND", "")) if isinstance(config, dict) else ""
         if not backend.startswith("django_redis."):
             errors.append(
                 Error(
@@ -79,27 +97,7 @@ def check_outbox_settings(
             )
         )
 
-    from .backends import delivery_backend_path
-
-    try:
-        target = delivery_backend_path()
-    except Exception as exc:  # a broken MAILERS entry is reported, not raised
-        errors.append(
-            Error(f"Cannot resolve the worker's delivery backend: {exc}", id="outbox.E007")
-        )
-    else:
-        if target == OUTBOX_BACKEND:
-            errors.append(
-                Error(
-                    "The outbox worker would deliver into the outbox itself.",
-                    hint=(
-                        "When EMAIL_BACKEND (or the default mailer) is the outbox backend, set "
-                        "OUTBOX['EMAIL_BACKEND'] (Django < 6.1) or OUTBOX['MAILER'] "
-                        "(Django >= 6.1) to the real delivery backend, e.g. SMTP."
-                    ),
-                    id="outbox.E008",
-                )
-            )
+    errors += _check_delivery_target()
     return errors
 
 
@@ -112,6 +110,7 @@ def _check_numbers() -> list[CheckMessage]:
         timeout = outbox_settings.HEARTBEAT_TIMEOUT
         batch = outbox_settings.CLAIM_BATCH
         block = outbox_settings.BLOCK_TIMEOUT
+        full_scan = outbox_settings.MIRROR_FULL_SCAN_INTERVAL
     except (TypeError, ValueError) as exc:
         return [Error(f"An OUTBOX setting has the wrong type: {exc}", id="outbox.E005")]
     problems = []
@@ -125,6 +124,61 @@ def _check_numbers() -> list[CheckMessage]:
         problems.append("CLAIM_BATCH must be at least 1")
     if not 0 < block < timeout:
         problems.append("BLOCK_TIMEOUT must be positive and below HEARTBEAT_TIMEOUT")
+    if full_scan <= 0:
+        problems.append("MIRROR_FULL_SCAN_INTERVAL must be positive")
     for problem in problems:
         errors.append(Error(f"OUTBOX: {problem}.", id="outbox.E005"))
+    return errors
+
+
+def _check_delivery_target() -> list[CheckMessage]:
+    from .backends import OutboxBackend, _uses_mailers, delivery_backend_path
+
+    errors: list[CheckMessage] = []
+    uses_mailers = _uses_mailers()
+    if outbox_settings.MAILER and not uses_mailers:
+        errors.append(
+            Warning(
+                f"OUTBOX['MAILER'] is {outbox_settings.MAILER!r}, but settings.MAILERS is not in "
+                "use (it needs Django 6.1 or later), so the worker ignores it.",
+                hint="Set OUTBOX['EMAIL_BACKEND'] to the delivery backend's dotted path instead.",
+                id="outbox.W002",
+            )
+        )
+    if outbox_settings.EMAIL_BACKEND and uses_mailers:
+        errors.append(
+            Warning(
+                "OUTBOX['EMAIL_BACKEND'] is a dotted path, which the worker instantiates with "
+                "no options; with MAILERS, Django's SMTP and file backends cannot be created "
+                "that way.",
+                hint="Add the delivery backend to MAILERS and set OUTBOX['MAILER'] to its alias.",
+                id="outbox.W003",
+            )
+        )
+    try:
+        target = delivery_backend_path()
+        target_class = import_string(target)
+    except Exception as exc:  # a broken MAILERS entry is reported, not raised
+        errors.append(
+            Error(f"Cannot resolve the worker's delivery backend: {exc}", id="outbox.E007")
+        )
+        return errors
+    if isinstance(target_class, type) and issubclass(target_class, OutboxBackend):
+        if outbox_settings.EMAIL_BACKEND:
+            where = "OUTBOX['EMAIL_BACKEND']"
+        elif uses_mailers:
+            where = f"the mailer {outbox_settings.MAILER or 'default'!r}"
+        else:
+            where = "EMAIL_BACKEND"
+        errors.append(
+            Error(
+                f"The outbox worker would deliver into the outbox itself: {where} is {target}.",
+                hint=(
+                    "When EMAIL_BACKEND (or the default mailer) is the outbox backend, set "
+                    "OUTBOX['EMAIL_BACKEND'] (Django < 6.1) or OUTBOX['MAILER'] "
+                    "(Django >= 6.1) to the real delivery backend, e.g. SMTP."
+                ),
+                id="outbox.E008",
+            )
+        )
     return errors

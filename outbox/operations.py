@@ -106,7 +106,9 @@ def _transition_chunk(
             match &= condition
         rows = list(
             Delivery.objects.using(using)
-            .select_for_update()
+            # A row locked right now is being settled by someone else (or by a
+            # frozen worker inside its transaction): skip it, never wait on it.
+            .select_for_update(skip_locked=True)
             .filter(match)
             .values_list("pk", "attempts", "priority", "worker_id")
         )

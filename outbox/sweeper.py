@@ -44,6 +44,7 @@ from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
 from typing import Any
 
+from django.db import DatabaseError, connection
 from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -144,6 +145,12 @@ class Sweeper:
         except RedisError as exc:
             report.errors.append(f"Redis error: {exc}")
             logger.error("sweep interrupted by a Redis error: %s", exc)
+        except DatabaseError as exc:
+            # The next pass starts over on a fresh connection; every change is
+            # a conditional update, so a half-done pass leaves nothing wrong.
+            report.errors.append(f"database error: {exc}")
+            logger.error("sweep interrupted by a database error: %s", exc)
+            connection.close()
         finally:
             self._token = ""
             with contextlib.suppress(RedisError):  # the lease expires by itself

@@ -7,7 +7,8 @@ Every function raises :class:`ValidationError` naming the field, or
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
+from email.header import decode_header
 from email.utils import formataddr, getaddresses
 from typing import Any
 
@@ -23,8 +24,23 @@ _LINE_BREAK_RE = re.compile(f"[{LINE_BREAKS}\x00]")
 _HEADER_NAME_RE = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")
 # Headers the outbox writes itself for each recipient's copy, or that would break MIME.
 RESERVED_HEADERS = frozenset(
-    {"message-id", "bcc", "content-type", "content-transfer-encoding", "mime-version"}
+    {
+        "message-id",
+        "bcc",
+        "content-type",
+        "content-transfer-encoding",
+        "mime-version",
+        # Set from the call's own arguments (subject, from_email, reply_to).
+        "subject",
+        "from",
+        "reply-to",
+    }
 )
+# Display headers that may be given, but must then hold valid addresses.
+ADDRESS_HEADERS = frozenset({"to", "cc"})
+# RFC 5322 empty group, e.g. "undisclosed-recipients:;" for a message with no To.
+_EMPTY_GROUP_RE = re.compile(r"^\s*[\w .-]+:\s*;\s*$")
+_MIMETYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
 MAX_ADDRESS_LENGTH = 320
 
 
@@ -47,10 +63,24 @@ def check_text(field: str, value: str, *, single_line: bool) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise field_error(field, _("Text must be valid Unicode (no lone surrogates).")) from None
-    if single_line and _LINE_BREAK_RE.search(value):
+    if single_line and (_LINE_BREAK_RE.search(value) or _LINE_BREAK_RE.search(_decoded(value))):
         raise field_error(
             field, _("Line breaks are not allowed in a header."), code="header_injection"
         )
+
+
+def _decoded(value: str) -> str:
+    """The text of any RFC 2047 encoded words in ``value`` (which could hide a CR/LF)."""
+    if "=?" not in value:
+        return ""
+    try:
+        parts = decode_header(value)
+    except Exception:  # malformed encoded words are left as the literal text they are
+        return ""
+    return "".join(
+        part.decode(charset or "ascii", "replace") if isinstance(part, bytes) else part
+        for part, charset in parts
+    )
 
 
 def normalize_address(field: str, value: Any) -> tuple[str, str]:
@@ -79,12 +109,15 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
     if "<" in value and "<" + address + ">" not in value.replace(" ", ""):
         # getaddresses() is lenient; make sure the bracketed part is what it parsed.
         raise field_error(field, _("%(value)r is not a valid email address.") % {"value": value})
-    return (formataddr((name, address)) if name else address), address
+    formatted = formataddr((name, address)) if name else address
+    if len(formatted) > MAX_ADDRESS_LENGTH:
+        raise field_error(field, _("The address %(value)s is too long.") % {"value": value[:60]})
+    return formatted, address
 
 
 def normalize_address_list(field: str, values: Any) -> list[str]:
     """Addresses in order, duplicates (compared case-insensitively) removed."""
-    if isinstance(values, (str, bytes)) or not isinstance(values, Iterable):
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise TypeError(
             f"{field} must be a list or tuple of addresses, not {type(values).__name__}"
         )
@@ -115,5 +148,23 @@ def normalize_headers(headers: Any) -> dict[str, str]:
                 "headers", _("The outbox sets the %(name)s header itself.") % {"name": name}
             )
         check_text("headers", value, single_line=True)
+        if name.lower() in ADDRESS_HEADERS and not _EMPTY_GROUP_RE.match(value):
+            addresses = [a.strip() for a in _split_addresses(value)]
+            if not addresses:
+                raise field_error("headers", _("The %(name)s header is empty.") % {"name": name})
+            for address in addresses:
+                normalize_address("headers", address)
         result[name] = value
     return result
+
+
+def _split_addresses(value: str) -> list[str]:
+    """Split an address-list header value at the commas between addresses."""
+    return [formataddr(pair) if pair[0] else pair[1] for pair in getaddresses([value])] or [value]
+
+
+def check_mimetype(field: str, value: str) -> None:
+    if not _MIMETYPE_RE.match(value):
+        raise field_error(
+            field, _("%(value)r is not a MIME type like text/plain.") % {"value": value[:60]}
+        )

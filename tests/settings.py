@@ -7,11 +7,15 @@ loopback and passes their addresses in the environment:
 - OUTBOX_TEST_PG_HOST / OUTBOX_TEST_PG_PORT / OUTBOX_TEST_PG_USER
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
+- OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
+  where a worker subprocess delivers (see "Email" below)
 """
 
 import os
 import tempfile
 from pathlib import Path
+
+import django
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"
@@ -22,6 +26,8 @@ ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_FROM_EMAIL = "outbox-tests@example.com"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# Fast hashing: tests log users in (password reset flow, admin).
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 INSTALLED_APPS = [
     "django.contrib.admin",
@@ -86,9 +92,6 @@ CACHES = {
 }
 
 OUTBOX = {
-    "EMAIL_BACKEND": os.environ.get(
-        "OUTBOX_TEST_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend"
-    ),
     "HEARTBEAT_INTERVAL": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_INTERVAL", "0.5")),
     "HEARTBEAT_TIMEOUT": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_TIMEOUT", "3")),
     "RETRY_BACKOFF": (0.2, 1.0),
@@ -96,8 +99,43 @@ OUTBOX = {
 }
 if os.environ.get("OUTBOX_TEST_ABANDONED_POLICY"):
     OUTBOX["ABANDONED_POLICY"] = os.environ["OUTBOX_TEST_ABANDONED_POLICY"]
+
+# Email, configured as a project using the outbox would be: the project's own
+# mail goes into the outbox (OutboxBackend), and the worker delivers through a
+# second backend: locmem, or what a worker subprocess is told by
+#   OUTBOX_TEST_EMAIL_BACKEND   a backend path
+#   OUTBOX_TEST_SMTP_PORT       SMTP to 127.0.0.1:<port> (a test's SMTPRecorder)
+#   OUTBOX_TEST_EMAIL_FILE_PATH the file backend's directory
+# Django 6.1 is configured with MAILERS (the worker uses the "delivery" mailer),
+# Django 5.2 with EMAIL_BACKEND and OUTBOX["EMAIL_BACKEND"]: neither warns.
+# In the pytest process Django's test runner replaces EMAIL_BACKEND (5.2), or
+# every mailer (6.1), with locmem; tests that send through the outbox backend
+# set it themselves (see tests/test_backend.py).
+_USE_MAILERS = django.VERSION >= (6, 1)
+_delivery_backend = os.environ.get(
+    "OUTBOX_TEST_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend"
+)
+_delivery_options: dict[str, object] = {}
+if os.environ.get("OUTBOX_TEST_SMTP_PORT"):
+    _delivery_backend = "django.core.mail.backends.smtp.EmailBackend"
+    _delivery_options = {"host": "127.0.0.1", "port": int(os.environ["OUTBOX_TEST_SMTP_PORT"])}
 if os.environ.get("OUTBOX_TEST_EMAIL_FILE_PATH"):
-    EMAIL_FILE_PATH = os.environ["OUTBOX_TEST_EMAIL_FILE_PATH"]
+    _delivery_options["file_path"] = os.environ["OUTBOX_TEST_EMAIL_FILE_PATH"]
+
+if _USE_MAILERS:
+    MAILERS = {
+        "default": {"BACKEND": "outbox.backends.OutboxBackend"},
+        "delivery": {"BACKEND": _delivery_backend, "OPTIONS": _delivery_options},
+    }
+    OUTBOX["MAILER"] = "delivery"
+else:
+    EMAIL_BACKEND = "outbox.backends.OutboxBackend"
+    OUTBOX["EMAIL_BACKEND"] = _delivery_backend
+    if "host" in _delivery_options:
+        EMAIL_HOST = _delivery_options["host"]
+        EMAIL_PORT = _delivery_options["port"]
+    if "file_path" in _delivery_options:
+        EMAIL_FILE_PATH = _delivery_options["file_path"]
 
 LOGGING = {
     "version": 1,

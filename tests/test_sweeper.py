@@ -253,3 +253,40 @@ def test_requeued_abandoned_row_is_delivered_by_a_worker(queue, outbox_mail):
     assert len(outbox_mail) == 1
     row = Delivery.objects.get()
     assert row.status == Status.SENT and row.attempts == 2
+
+
+def test_a_row_locked_by_a_frozen_worker_does_not_stall_the_sweep(queue):
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("row locks: PostgreSQL (SQLite locks the whole database)")
+    deliveries = enqueue_email("s", "b", None, ["a@x.com", "b@x.com"])
+    old = timezone.now() - timedelta(hours=1)
+    Delivery.objects.update(status=Status.PROCESSING, worker_id="gone", processing_started_at=old)
+    locked, released = threading.Event(), threading.Event()
+
+    def frozen_worker() -> None:
+        from django.db import connection as conn
+        from django.db import transaction
+
+        with transaction.atomic():
+            Delivery.objects.filter(pk=deliveries[0].pk).update(last_error="mid-settle")
+            locked.set()
+            released.wait(30)
+        conn.close()
+
+    holder = threading.Thread(target=frozen_worker)
+    holder.start()
+    try:
+        assert locked.wait(10)
+        started = time.monotonic()
+        report = Sweeper(policy="review").run_pass()
+        assert time.monotonic() - started < 10
+        assert report.abandoned == 1
+        assert Delivery.objects.get(pk=deliveries[0].pk).status == Status.PROCESSING
+        assert Delivery.objects.get(pk=deliveries[1].pk).status == Status.ABANDONED
+    finally:
+        released.set()
+        holder.join(10)
+    assert Sweeper(policy="review").run_pass().abandoned == 1
+    assert Delivery.objects.get(pk=deliveries[0].pk).status == Status.ABANDONED

@@ -1,4 +1,8 @@
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 
-urlpatterns = [path("admin/", admin.site.urls)]
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    # Django's password reset flow, which tests/test_backend.py sends through the outbox.
+    path("accounts/", include("django.contrib.auth.urls")),
+]

@@ -85,20 +85,26 @@ class Command(BaseCommand):
             self.stdout.write("   (none)")
 
     def show_redis(self) -> None:
-        self.stdout.write(self.style.MIGRATE_HEADING("Redis (only ids; a fast, rebuildable mirror)"))
+        self.stdout.write(
+            self.style.MIGRATE_HEADING("Redis (only ids; a fast, rebuildable mirror)")
+        )
         queue = RedisQueue()
-        for priority, key in zip(("high", "normal", "low"), queue.ready_keys, strict=True):
+        for key in queue.ready_keys:
             ids = [int(x) for x in queue.redis.lrange(key, 0, -1)]
             self.stdout.write(f"   {key:<24} {ids}")
         scheduled = queue.redis.zrange(queue.scheduled_key, 0, -1, withscores=True)
         self.stdout.write(
             f"   {queue.scheduled_key:<24} "
-            + str([(m.decode(), timezone.datetime.fromtimestamp(s).isoformat(timespec="seconds"))
-                   for m, s in scheduled])
+            + str(
+                [
+                    (m.decode(), timezone.datetime.fromtimestamp(s).isoformat(timespec="seconds"))
+                    for m, s in scheduled
+                ]
+            )
         )
 
     def show_mail(self) -> None:
-        folder = Path(settings.EMAIL_FILE_PATH)
+        folder = Path(settings.EXAMPLE_MAIL_DIR)
         self.stdout.write(self.style.MIGRATE_HEADING(f"Delivered mail, written to {folder}/"))
         files = sorted(folder.glob("*.log")) if folder.exists() else []
         count = 0

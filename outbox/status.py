@@ -1,0 +1,396 @@
+"""The outbox at a glance: what ``manage.py outbox_status`` shows.
+
+:func:`collect` takes one snapshot of the database and of Redis and returns a
+dict that ``outbox_status --json`` prints as it is. Its keys are stable (new
+keys may be added; none is renamed or removed without a new ``version``):
+
+``version``
+    ``1``.
+``time``
+    When the snapshot was taken: ISO 8601, UTC.
+``database``
+    ``ok`` (bool) and ``error`` (``null``, or why the database could not be
+    read; the other keys are then missing), and:
+
+    ``by_status``
+        ``{status: count}`` for every status (``queued``, ``processing``,
+        ``sent``, ``failed``, ``abandoned``, ``cancelled``).
+    ``by_priority``
+        ``{priority: {status: count}}`` for ``high``, ``normal``, ``low``.
+    ``due``
+        Queued rows whose send time has come.
+    ``scheduled``
+        Queued rows that wait (``send_at``, or a retry's backoff).
+    ``oldest_due_age``
+        Seconds since the longest-waiting due row became due (its
+        ``not_before``), or ``null`` when nothing is due.
+    ``sent_last_minute``, ``sent_last_hour``
+        Rows sent in the last 60 and 3600 seconds.
+``redis``
+    ``ok`` (bool) and ``error`` (``null``, or why Redis could not be read;
+    the other keys are then missing), and:
+
+    ``ready``
+        ``{priority: length}`` of the ready lists.
+    ``scheduled``
+        Size of the scheduled sorted set.
+    ``workers``
+        Registered workers, oldest heartbeat first: ``{"id", "heartbeat_age"
+        (seconds), "alive" (heartbeat within HEARTBEAT_TIMEOUT), "held" (ids in
+        its processing list: claimed, being sent, or sent but not yet
+        acknowledged)}``.
+    ``dead_workers``
+        Workers the sweeper declared dead and has not cleaned up yet:
+        ``{"id", "held"}``.
+``agreement``
+    Whether Redis agrees with the database: ``null`` when either could not be
+    read, else ``{"ready": {...}, "scheduled": {...}}``, each with
+
+    ``agrees``
+        ``true``/``false``, or ``null`` when there were more than
+        :data:`COMPARE_LIMIT` ids to compare (then ``missing`` and ``stale``
+        are ``null`` too).
+    ``missing``
+        Rows the database has that Redis does not: for ``ready``, due queued
+        rows that are in no ready list, no worker's processing list and not
+        in the scheduled set (from which the next claim promotes them); for
+        ``scheduled``, waiting queued rows in neither. The sweeper mirrors
+        them again; no worker will send them before it does.
+    ``stale``
+        Ids Redis holds whose row is not waiting any more (harmless: a worker
+        drops them): for ``ready``, ids in a ready list whose row is not due
+        and queued; for ``scheduled``, members whose row is not queued.
+
+    While mail flows a few ids can disagree for a moment (a row committed
+    between the two reads): alert on disagreement that lasts.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.db.models import Count, Min, Q
+from django.utils import timezone
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from .conf import PRIORITIES, outbox_settings
+from .models import Delivery
+from .queue import RedisQueue
+
+VERSION = 1
+# Above this many ids on either side, agreement is not computed (it reads
+# every id from Redis and the database).
+COMPARE_LIMIT = 100_000
+STATUSES: tuple[str, ...] = tuple(Delivery.Status.values)
+
+Status = Delivery.Status
+
+
+def collect(queue: RedisQueue | None = None, now: datetime | None = None) -> dict[str, Any]:
+    """One snapshot of the outbox (see the module docstring for the keys)."""
+    now = now or timezone.now()
+    database, db_ids = _database(now)
+    redis_part, redis_ids = _redis(queue, now.timestamp())
+    agreement = None
+    if database["ok"] and redis_part["ok"]:
+        if db_ids is not None and redis_ids is not None:
+            agreement = _agreement(db_ids, redis_ids)
+        else:
+            agreement = {"ready": _not_compared(), "scheduled": _not_compared()}
+    return {
+        "version": VERSION,
+        "time": now.isoformat(),
+        "database": database,
+        "redis": redis_part,
+        "agreement": agreement,
+    }
+
+
+# -- the database ---------------------------------------------------------------
+
+
+def _database(now: datetime) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
+    try:
+        return _read_database(now)
+    except Exception as exc:  # report it; the Redis part may still be useful
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+
+
+def _read_database(now: datetime) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
+    rows = Delivery.objects.all()
+    by_priority = {p: dict.fromkeys(STATUSES, 0) for p in PRIORITIES}
+    by_status = dict.fromkeys(STATUSES, 0)
+    for row in rows.order_by().values("status", "priority").annotate(n=Count("id")):
+        status, priority, count = row["status"], row["priority"], row["n"]
+        by_status[status] = by_status.get(status, 0) + count
+        by_priority.setdefault(priority, dict.fromkeys(STATUSES, 0))[status] = count
+    queued = rows.filter(status=Status.QUEUED)
+    due_q = Q(not_before__lte=now)
+    waiting = queued.aggregate(
+        due=Count("id", filter=due_q),
+        scheduled=Count("id", filter=~due_q),
+        oldest=Min("not_before", filter=due_q),
+    )
+    sent = rows.filter(status=Status.SENT).aggregate(
+        minute=Count("id", filter=Q(sent_at__gte=now - timedelta(minutes=1))),
+        hour=Count("id", filter=Q(sent_at__gte=now - timedelta(hours=1))),
+    )
+    oldest = waiting["oldest"]
+    report = {
+        "ok": True,
+        "error": None,
+        "by_status": by_status,
+        "by_priority": by_priority,
+        "due": waiting["due"],
+        "scheduled": waiting["scheduled"],
+        "oldest_due_age": None if oldest is None else round((now - oldest).total_seconds(), 3),
+        "sent_last_minute": sent["minute"],
+        "sent_last_hour": sent["hour"],
+    }
+    if waiting["due"] + waiting["scheduled"] > COMPARE_LIMIT:
+        return report, None
+    ids: dict[str, set[int]] = {"due": set(), "scheduled": set()}
+    for pk, not_before in queued.values_list("pk", "not_before").iterator():
+        ids["due" if not_before <= now else "scheduled"].add(pk)
+    return report, ids
+
+
+# -- Redis ----------------------------------------------------------------------
+
+
+def _redis(
+    queue: RedisQueue | None, now: float
+) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
+    try:
+        return _read_redis(queue or RedisQueue(), now)
+    except Exception as exc:  # unreachable, or misconfigured: say so
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+
+
+def _read_redis(queue: RedisQueue, now: float) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
+    redis = queue.redis
+    pipe = redis.pipeline(transaction=False)
+    for key in queue.ready_keys:
+        pipe.llen(key)
+    pipe.zcard(queue.scheduled_key)
+    *lengths, scheduled_len = pipe.execute()
+    compare = max(*lengths, scheduled_len) <= COMPARE_LIMIT
+
+    # Read everything in one MULTI, so that an id a worker claims meanwhile is
+    # seen either in a ready list or in its processing list, never in neither.
+    # A worker that registers between the two round trips is read again.
+    for _attempt in range(5):
+        workers = redis.zrange(queue.workers_key, 0, -1, withscores=True)
+        dead = redis.zrange(queue.dead_key, 0, -1)
+        names = [_text(w) for w, _score in workers] + [_text(w) for w in dead]
+        pipe = redis.pipeline(transaction=True)
+        pipe.zrange(queue.workers_key, 0, -1, withscores=True)
+        pipe.zrange(queue.dead_key, 0, -1)
+        for key in queue.ready_keys:
+            pipe.llen(key)
+        pipe.zcard(queue.scheduled_key)
+        for name in names:
+            pipe.lrange(queue.processing_key(name), 0, -1)
+        if compare:
+            for key in queue.ready_keys:
+                pipe.lrange(key, 0, -1)
+            pipe.zrange(queue.scheduled_key, 0, -1)
+        result = pipe.execute()
+        # Heartbeats change scores (and order), not membership.
+        if {w for w, _s in result[0]} == {w for w, _s in workers} and set(result[1]) == set(dead):
+            break
+    else:
+        raise RuntimeError("the set of workers kept changing; try again")
+
+    workers, dead = result[0], result[1]
+    result = result[2:]
+    ready = dict(zip(PRIORITIES, (int(n) for n in result[: len(PRIORITIES)]), strict=True))
+    result = result[len(PRIORITIES) :]
+    scheduled = int(result.pop(0))
+    held = {name: [int(i) for i in result.pop(0)] for name in names}
+    timeout = outbox_settings.HEARTBEAT_TIMEOUT
+    report: dict[str, Any] = {
+        "ok": True,
+        "error": None,
+        "ready": ready,
+        "scheduled": scheduled,
+        "workers": [
+            {
+                "id": _text(w),
+                "heartbeat_age": round(max(0.0, now - float(score)), 3),
+                "alive": now - float(score) <= timeout,
+                "held": held[_text(w)],
+            }
+            for w, score in workers
+        ],
+        "dead_workers": [{"id": _text(w), "held": held[_text(w)]} for w in dead],
+    }
+    if not compare:
+        return report, None
+    ready_ids: set[int] = set()
+    for values in result[: len(PRIORITIES)]:
+        ready_ids.update(int(i) for i in values)
+    scheduled_ids = {int(_text(m).partition(":")[0]) for m in result[len(PRIORITIES)]}
+    held_ids = {i for ids in held.values() for i in ids}
+    return report, {"ready": ready_ids, "scheduled": scheduled_ids, "held": held_ids}
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+# -- agreement ------------------------------------------------------------------
+
+
+def _agreement(db: dict[str, set[int]], redis: dict[str, set[int]]) -> dict[str, Any]:
+    ready, scheduled, held = redis["ready"], redis["scheduled"], redis["held"]
+    anywhere = ready | scheduled | held
+    ready_missing = len(db["due"] - anywhere)
+    ready_stale = len(ready - db["due"])
+    scheduled_missing = len(db["scheduled"] - anywhere)
+    scheduled_stale = len(scheduled - db["scheduled"] - db["due"])
+    return {
+        "ready": {
+            "agrees": not ready_missing and not ready_stale,
+            "missing": ready_missing,
+            "stale": ready_stale,
+        },
+        "scheduled": {
+            "agrees": not scheduled_missing and not scheduled_stale,
+            "missing": scheduled_missing,
+            "stale": scheduled_stale,
+        },
+    }
+
+
+def _not_compared() -> dict[str, Any]:
+    return {"agrees": None, "missing": None, "stale": None}
+
+
+# -- for a person ---------------------------------------------------------------
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text for a terminal."""
+    lines = [_("Outbox status at %(time)s") % {"time": report["time"]}, ""]
+    lines += _render_database(report["database"])
+    lines.append("")
+    lines += _render_redis(report["redis"], report["agreement"])
+    return "\n".join(lines) + "\n"
+
+
+def _render_database(db: dict[str, Any]) -> list[str]:
+    if not db["ok"]:
+        return [_("Database: unreachable (%(error)s)") % {"error": db["error"]}]
+    labels = dict(Delivery.Status.choices)
+    header = [_("Deliveries"), *(str(dict(Delivery.Priority.choices)[p]) for p in PRIORITIES)]
+    header.append(_("total"))
+    table = [header]
+    for status in STATUSES:
+        counts = [db["by_priority"].get(p, {}).get(status, 0) for p in PRIORITIES]
+        table.append([str(labels[status]), *map(str, counts), str(db["by_status"][status])])
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in table
+    ]
+    oldest = db["oldest_due_age"]
+    lines.append("")
+    lines.append(
+        _("Due now: %(due)d (oldest waiting %(age)s); scheduled for later: %(scheduled)d")
+        % {
+            "due": db["due"],
+            "age": "-" if oldest is None else _duration(oldest),
+            "scheduled": db["scheduled"],
+        }
+    )
+    lines.append(
+        _("Sent: %(minute)d in the last minute, %(hour)d in the last hour")
+        % {"minute": db["sent_last_minute"], "hour": db["sent_last_hour"]}
+    )
+    return lines
+
+
+def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> list[str]:
+    if not redis["ok"]:
+        return [
+            _("Redis: unreachable (%(error)s)") % {"error": redis["error"]},
+            _("Mail is not being sent; queued rows stay in the database until Redis is back."),
+        ]
+    ready = redis["ready"]
+    lines = [
+        _("Redis: ready %(ready)s; scheduled %(scheduled)d")
+        % {
+            "ready": ", ".join(f"{p} {ready[p]}" for p in PRIORITIES),
+            "scheduled": redis["scheduled"],
+        }
+    ]
+    if agreement is not None:
+        for name, label in (("ready", _("ready")), ("scheduled", _("scheduled"))):
+            lines.append("  " + _agreement_line(label, agreement[name]))
+    workers = redis["workers"]
+    lines.append(
+        ngettext("%(count)d worker", "%(count)d workers", len(workers)) % {"count": len(workers)}
+    )
+    for worker in workers:
+        state = "" if worker["alive"] else " " + _("(no heartbeat: presumed dead)")
+        lines.append(
+            "  "
+            + _("%(id)s: heartbeat %(age)s ago, holding %(count)d%(ids)s%(state)s")
+            % {
+                "id": worker["id"],
+                "age": _duration(worker["heartbeat_age"]),
+                "count": len(worker["held"]),
+                "ids": _ids(worker["held"]),
+                "state": state,
+            }
+        )
+    for worker in redis["dead_workers"]:
+        lines.append(
+            "  "
+            + _("%(id)s: declared dead, holding %(count)d%(ids)s (the sweeper cleans it up)")
+            % {"id": worker["id"], "count": len(worker["held"]), "ids": _ids(worker["held"])}
+        )
+    return lines
+
+
+def _agreement_line(label: str, part: dict[str, Any]) -> str:
+    if part["agrees"] is None:
+        return _("%(name)s vs database: too many ids to compare") % {"name": label}
+    if part["agrees"]:
+        return _("%(name)s vs database: agree") % {"name": label}
+    return _(
+        "%(name)s vs database: DISAGREE (%(missing)d rows missing from Redis, "
+        "%(stale)d stale ids in Redis)"
+    ) % {"name": label, "missing": part["missing"], "stale": part["stale"]}
+
+
+def _ids(ids: list[int], limit: int = 10) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(str(i) for i in ids[:limit])
+    more = ", ..." if len(ids) > limit else ""
+    return f" ({shown}{more})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return _("%(n).1fs") % {"n": seconds}
+    if seconds < 3600:
+        return _("%(m)dm%(s)02ds") % {"m": seconds // 60, "s": seconds % 60}
+    return _("%(h)dh%(m)02dm") % {"h": seconds // 3600, "m": seconds % 3600 // 60}
+
+
+def watch_loop(interval: float, show: Any, sleep: Any = time.sleep) -> None:
+    """Call ``show()`` every ``interval`` seconds until interrupted (Ctrl-C)."""
+    try:
+        while True:
+            show()
+            sleep(interval)
+    except KeyboardInterrupt:
+        return

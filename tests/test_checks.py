@@ -1,0 +1,230 @@
+"""System checks, and a warning-free start of the test and example projects."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import django
+import pytest
+
+from outbox.backends import HAS_MAILERS, OutboxBackend
+from outbox.checks import check_outbox_settings
+
+ROOT = Path(__file__).resolve().parent.parent
+OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
+SMTP = "django.core.mail.backends.smtp.EmailBackend"
+LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
+
+pytestmark = pytest.mark.filterwarnings(
+    "error::DeprecationWarning", "error::PendingDeprecationWarning"
+)
+
+only_52 = pytest.mark.skipif(HAS_MAILERS, reason="EMAIL_BACKEND configuration (Django < 6.1)")
+only_61 = pytest.mark.skipif(not HAS_MAILERS, reason="MAILERS needs Django 6.1")
+
+
+class SubOutbox(OutboxBackend):
+    """A project's own subclass is still the outbox."""
+
+
+def ids() -> list[str]:
+    return [message.id for message in check_outbox_settings()]
+
+
+def outbox(settings, **values) -> None:
+    """settings.OUTBOX with ``values``; a value of None removes the key."""
+    merged = {**settings.OUTBOX, **values}
+    settings.OUTBOX = {k: v for k, v in merged.items() if v is not None}
+
+
+def test_the_test_settings_pass():
+    assert check_outbox_settings() == []
+
+
+def test_outbox_must_be_a_dict(settings):
+    settings.OUTBOX = ["REDIS_CACHE"]
+    assert ids() == ["outbox.E001"]
+
+
+def test_unknown_key(settings):
+    outbox(settings, MAX_ATTEMPT=3)
+    [warning] = check_outbox_settings()
+    assert warning.id == "outbox.W001" and "MAX_ATTEMPT" in warning.msg
+
+
+def test_missing_cache_alias(settings):
+    outbox(settings, REDIS_CACHE="queue")
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E002" and "'queue'" in error.msg
+
+
+def test_cache_that_is_not_django_redis(settings):
+    settings.CACHES = {
+        **settings.CACHES,
+        "local": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    }
+    outbox(settings, REDIS_CACHE="local")
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E003" and "django-redis" in error.msg
+
+
+def test_bad_abandoned_policy(settings):
+    outbox(settings, ABANDONED_POLICY="retry")
+    assert ids() == ["outbox.E004"]
+
+
+@pytest.mark.parametrize(
+    ("values", "fragment"),
+    [
+        ({"MAX_ATTEMPTS": 0}, "MAX_ATTEMPTS"),
+        ({"RETRY_BACKOFF": (60, 10)}, "RETRY_BACKOFF"),
+        ({"RETRY_BACKOFF": (0, 10)}, "RETRY_BACKOFF"),
+        ({"HEARTBEAT_INTERVAL": 30, "HEARTBEAT_TIMEOUT": 30}, "HEARTBEAT_INTERVAL"),
+        ({"CLAIM_BATCH": 0}, "CLAIM_BATCH"),
+        ({"BLOCK_TIMEOUT": 0}, "BLOCK_TIMEOUT"),
+        ({"BLOCK_TIMEOUT": 60}, "BLOCK_TIMEOUT"),
+        ({"MIRROR_FULL_SCAN_INTERVAL": 0}, "MIRROR_FULL_SCAN_INTERVAL"),
+        ({"MAX_ATTEMPTS": "many"}, "wrong type"),
+        ({"RETRY_BACKOFF": 10}, "wrong type"),
+    ],
+)
+def test_numbers(settings, values, fragment):
+    outbox(settings, **values)
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E005" and fragment in error.msg
+
+
+def test_key_prefix(settings):
+    outbox(settings, KEY_PREFIX="{outbox}")
+    assert ids() == ["outbox.E006"]
+
+
+def test_delivery_backend_that_cannot_be_imported(settings):
+    outbox(settings, EMAIL_BACKEND="no.such.Backend")
+    assert "outbox.E007" in ids()
+
+
+# -- E008: the worker must not deliver into the outbox ---------------------------------
+
+
+@only_52
+def test_e008_email_backend_is_the_outbox_and_no_delivery_backend(settings):
+    settings.EMAIL_BACKEND = OUTBOX_BACKEND
+    outbox(settings, EMAIL_BACKEND=None)
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E008"
+    assert "EMAIL_BACKEND is outbox.backends.OutboxBackend" in error.msg
+
+
+@only_52
+def test_email_backend_is_the_outbox_with_a_delivery_backend(settings):
+    settings.EMAIL_BACKEND = OUTBOX_BACKEND
+    outbox(settings, EMAIL_BACKEND=SMTP)
+    assert check_outbox_settings() == []
+
+
+@only_52
+def test_mailer_setting_is_ignored_before_mailers(settings):
+    outbox(settings, MAILER="smtp")
+    assert ids() == ["outbox.W002"]
+
+
+@pytest.mark.parametrize("backend", [OUTBOX_BACKEND, "tests.test_checks.SubOutbox"])
+def test_e008_delivery_backend_is_the_outbox(settings, backend):
+    outbox(settings, EMAIL_BACKEND=backend)
+    assert "outbox.E008" in ids()
+
+
+@only_61
+def test_e008_default_mailer_is_the_outbox_and_no_mailer_chosen(settings):
+    settings.MAILERS = {"default": {"BACKEND": OUTBOX_BACKEND}}
+    outbox(settings, MAILER=None, EMAIL_BACKEND=None)
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E008"
+    assert "the mailer 'default'" in error.msg
+
+
+@only_61
+def test_default_mailer_is_the_outbox_and_the_worker_uses_smtp(settings):
+    settings.MAILERS = {
+        "default": {"BACKEND": OUTBOX_BACKEND},
+        "smtp": {"OPTIONS": {"host": "smtp.example.com"}},
+    }
+    outbox(settings, MAILER="smtp", EMAIL_BACKEND=None)
+    assert check_outbox_settings() == []
+
+
+@only_61
+def test_e008_chosen_mailer_is_the_outbox(settings):
+    settings.MAILERS = {
+        "default": {"BACKEND": SMTP, "OPTIONS": {"host": "smtp.example.com"}},
+        "queued": {"BACKEND": "tests.test_checks.SubOutbox"},
+    }
+    outbox(settings, MAILER="queued", EMAIL_BACKEND=None)
+    assert ids() == ["outbox.E008"]
+
+
+@only_61
+def test_e007_chosen_mailer_is_missing(settings):
+    settings.MAILERS = {"default": {"BACKEND": OUTBOX_BACKEND}}
+    outbox(settings, MAILER="smtp", EMAIL_BACKEND=None)
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E007" and "'smtp'" in error.msg
+
+
+@only_61
+def test_w003_dotted_path_with_mailers(settings):
+    outbox(settings, EMAIL_BACKEND=LOCMEM, MAILER=None)
+    assert ids() == ["outbox.W003"]
+
+
+@only_61
+def test_e008_on_61_without_mailers(settings):
+    """A 6.1 project not yet migrated to MAILERS: EMAIL_BACKEND is still read."""
+    from django.conf import settings as django_settings
+    from django.test import override_settings
+    from django.utils.deprecation import RemovedInDjango2028Warning
+
+    # By hand rather than with the settings fixture, whose clean-up would read
+    # the deprecated setting again from outside Django (and warn).
+    override = override_settings(OUTBOX={**settings.OUTBOX, "MAILER": None})
+    override.enable()
+    try:
+        del django_settings.MAILERS
+        with pytest.warns(RemovedInDjango2028Warning, match="EMAIL_BACKEND setting is deprecated"):
+            django_settings.EMAIL_BACKEND = OUTBOX_BACKEND
+        assert ids() == ["outbox.E008"]
+        django_settings.OUTBOX = {**django_settings.OUTBOX, "EMAIL_BACKEND": LOCMEM}
+        assert check_outbox_settings() == []
+    finally:
+        override.disable()
+
+
+# -- `python -W error -m django check`: no warning on this Django version -------------------
+
+
+@pytest.mark.parametrize("module", ["tests.settings", "example_project.settings"])
+def test_django_check_starts_without_warnings(module):
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    env["DJANGO_SETTINGS_MODULE"] = module
+    result = subprocess.run(
+        [sys.executable, "-W", "error", "-m", "django", "check"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "System check identified no issues" in result.stdout
+    assert result.stderr == ""
+    version = subprocess.run(
+        [sys.executable, "-c", "import django; print(django.get_version())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert version.stdout.strip() == django.get_version()  # the Django of this cell
