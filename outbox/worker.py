@@ -39,7 +39,7 @@ from types import FrameType
 from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DatabaseError, close_old_connections, connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -430,7 +430,9 @@ class Worker:
         database is away; the caller retries with the same ``token``.
         """
         now = timezone.now()
-        close_old_connections()
+        # No close_old_connections() here: with CONN_MAX_AGE=0 it would open a
+        # new connection for every email. The connection lives as long as the
+        # thread and is dropped only after a DatabaseError (_drop_db_connection).
         delivery = _claim_row(item.id, self.worker_id, token, now)
         if delivery is None:
             with transaction.atomic():

@@ -18,6 +18,9 @@ if [[ "$MATRIX" == *6.1* ]]; then
   PY312="$(find_python 3.12)" || { echo "python3.12 not found" >&2; exit 1; }
   ensure_venv .venv-django61 "$PY312" test "django>=6.1,<6.2"
 fi
+command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 \
+  || apt_install chromium chromium-driver \
+  || log "no browser could be installed; the browser test will be skipped"
 
 if [ -z "${OUTBOX_TEST_SKIP_LINT:-}" ]; then
   log "ruff and mypy"

@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# The benchmark of issue 6: django-email-outbox against django-post-office and
+# django-mailer, on one machine and one database server, in one run.
+#
+#   bench/run.sh                 # full run (PostgreSQL and SQLite), ~15 minutes on 2 cores
+#   bench/run.sh --quick         # smoke version: small sizes, one repeat
+#   bench/run.sh --db postgres --repeat 3
+#
+# Every argument goes to bench/bench.py (see `bench/run.sh --help`). It makes its
+# own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on
+# loopback (fsync and synchronous_commit ON: commits are durable, as in
+# production), and stops them by pid at exit. Results: bench/results/latest.md.
+set -euo pipefail
+
+# shellcheck source=../scripts/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+# shellcheck source=pg.sh
+source "$ROOT/bench/pg.sh"
+
+trap stop_started EXIT
+trap 'exit 130' INT TERM
+
+PYTHON="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
+ensure_venv "$ROOT/.venv-bench" "$PYTHON" postgres \
+  "Django>=5.2,<5.3" \
+  "django-post-office>=3.9,<4" \
+  "django-mailer>=2.3,<2.4" \
+  "psycopg[binary]>=3.1" \
+  "aiosmtpd>=1.4"
+
+start_redis
+start_durable_postgres
+
+BENCH_TMP="$(mktemp -d -p /var/tmp outbox-bench.XXXXXX)"
+CLEANUP_DIRS+=("$BENCH_TMP")
+
+export BENCH_REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
+export BENCH_REDIS_PORT="$REDIS_PORT"
+export BENCH_PG_HOST=127.0.0.1 BENCH_PG_PORT="$PG_PORT" BENCH_PG_USER="$PG_USER"
+export BENCH_PG_BIN="$PG_BIN"
+export BENCH_TMP
+export PYTHONUNBUFFERED=1
+
+cd "$ROOT"
+"$ROOT/.venv-bench/bin/python" "$ROOT/bench/bench.py" "$@"

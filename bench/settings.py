@@ -1,0 +1,95 @@
+"""Django settings of the benchmark project (bench/run.sh sets the environment).
+
+- BENCH_DB: "postgres" or "sqlite"; BENCH_PG_HOST / BENCH_PG_PORT / BENCH_PG_USER;
+  BENCH_SQLITE_PATH for SQLite (a file, WAL journal, synchronous=FULL).
+- BENCH_REDIS_URL: the django-redis cache the outbox queue runs on.
+- BENCH_EMAIL: "noop" (django's dummy backend) or "smtp" (BENCH_SMTP_PORT on
+  127.0.0.1). All three systems deliver through the same backend.
+- BENCH_TMP: where django-mailer and django-post-office keep their lock files.
+"""
+
+import os
+import tempfile
+
+SECRET_KEY = "bench-only-not-secret"
+DEBUG = False  # DEBUG=True would keep every query in memory
+USE_TZ = True
+TIME_ZONE = "UTC"
+ALLOWED_HOSTS = ["*"]
+DEFAULT_FROM_EMAIL = "bench@example.com"
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+INSTALLED_APPS = [
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "outbox",
+    "post_office",
+    "mailer",
+]
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "APP_DIRS": True,
+        "OPTIONS": {},
+    }
+]
+
+if os.environ.get("BENCH_DB", "postgres") == "postgres":
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": os.environ.get("BENCH_PG_NAME", "bench"),
+            "USER": os.environ.get("BENCH_PG_USER", "postgres"),
+            "HOST": os.environ.get("BENCH_PG_HOST", "127.0.0.1"),
+            "PORT": os.environ.get("BENCH_PG_PORT", "5432"),
+        }
+    }
+else:
+    DATABASES = {
+        "default": {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": os.environ.get(
+                "BENCH_SQLITE_PATH", os.path.join(tempfile.gettempdir(), "bench.sqlite3")
+            ),
+            "OPTIONS": {
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 60,
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=FULL",
+            },
+        }
+    }
+
+# Django's default (0: a connection per request; for a worker, per
+# close_old_connections() call). BENCH_CONN_MAX_AGE measures persistent ones.
+DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("BENCH_CONN_MAX_AGE", "0"))
+
+CACHES = {
+    "default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": os.environ.get("BENCH_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 10},
+    }
+}
+
+if os.environ.get("BENCH_EMAIL", "noop") == "smtp":
+    DELIVERY_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    EMAIL_HOST = "127.0.0.1"
+    EMAIL_PORT = int(os.environ.get("BENCH_SMTP_PORT", "25"))
+    EMAIL_TIMEOUT = 30
+else:
+    DELIVERY_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
+
+# Every system delivers through the same backend.
+EMAIL_BACKEND = DELIVERY_BACKEND
+OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND}
+MAILER_EMAIL_BACKEND = DELIVERY_BACKEND
+_tmp = os.environ.get("BENCH_TMP", tempfile.gettempdir())
+MAILER_LOCK_PATH = os.path.join(_tmp, "mailer_send")
+POST_OFFICE = {"BACKENDS": {"default": DELIVERY_BACKEND}}  # everything else: defaults
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": "WARNING"},
+}

@@ -1,0 +1,242 @@
+"""The admin in a real browser: an operator settles abandoned deliveries.
+
+Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
+"Mark as sent (confirmed in the mail logs)" and read the message. Screenshots
+of the list and of one delivery go to ``artifacts/``; with
+``OUTBOX_UPDATE_DOCS_IMAGES=1`` they are also copied to ``docs/images/``.
+
+Uses Debian's ``chromium`` and ``chromium-driver`` (scripts/test.sh installs
+them); Selenium is given the driver's path, so it never downloads one.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+import uuid
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import django
+import django.contrib.admin
+import pytest
+from django.test.utils import override_settings
+from django.urls import reverse
+from django.utils import timezone
+from pytest_django.live_server_helper import LiveServer
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.remote.webdriver import WebDriver
+from selenium.webdriver.support import expected_conditions as EC
+from selenium.webdriver.support.ui import Select, WebDriverWait
+
+from outbox import enqueue_email
+from outbox.models import Attempt, Delivery
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parent.parent
+ARTIFACTS = ROOT / "artifacts"
+DOCS_IMAGES = ROOT / "docs" / "images"
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+WORKER = "mailhost:4242:worker-1"
+USERNAME = "operator"
+PASSWORD = "correct horse battery staple"
+MARK_SENT = "Mark as sent (confirmed in the mail logs)"
+# The browser test takes a while; CI runs it in two cells of the matrix.
+RUN_IN = {(5, 2): "postgres", (6, 1): "sqlite"}
+
+
+def _skip_reason() -> str | None:
+    missing = [path for path in (CHROMIUM, CHROMEDRIVER) if not os.access(path, os.X_OK)]
+    if missing:
+        return f"no browser to run: {', '.join(missing)} missing (apt-get install chromium chromium-driver)"
+    db = os.environ.get("OUTBOX_TEST_DB", "sqlite")
+    if RUN_IN.get(django.VERSION[:2]) != db:
+        return (
+            "the browser test runs only in the 5.2:postgres and 6.1:sqlite cells "
+            f"(this is {django.VERSION[0]}.{django.VERSION[1]}:{db})"
+        )
+    return None
+
+
+@pytest.fixture
+def admin_live_server(transactional_db) -> Iterator[LiveServer]:
+    """pytest-django's live server, for this test only, serving the admin's CSS and JS.
+
+    The ``live_server`` fixture itself cannot be used with tests/settings.py:
+    without STATIC_URL, its static-files handler fails every request
+    (``TypeError: startswith first arg must be str ... not bytes``). Here the
+    same server starts with STATIC_URL set and STATIC_ROOT pointing at the
+    admin's own static files, so the pages look as they do in production.
+    """
+    static_root = Path(django.contrib.admin.__file__).resolve().parent / "static"
+    with override_settings(STATIC_URL="/static/", STATIC_ROOT=str(static_root)):
+        server = LiveServer("localhost")
+        try:
+            yield server
+        finally:
+            server.stop()
+
+
+@pytest.fixture
+def browser() -> Iterator[WebDriver]:
+    reason = _skip_reason()
+    if reason:
+        pytest.skip(reason)
+    profile = tempfile.mkdtemp(prefix="outbox-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--disable-quic",
+        "--no-first-run",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-proxy-server",
+        f"--user-data-dir={profile}",
+        "--window-size=1400,1000",
+    ):
+        options.add_argument(flag)
+    driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+    driver.set_page_load_timeout(60)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def wait(driver: WebDriver, timeout: float = 30) -> WebDriverWait:
+    return WebDriverWait(driver, timeout)
+
+
+def click_and_load(driver: WebDriver, element) -> None:
+    """Click something that loads a new page, and wait until it has."""
+    old_page = driver.find_element(By.TAG_NAME, "html")
+    element.click()
+    wait(driver).until(EC.staleness_of(old_page))
+    wait(driver).until(lambda d: d.execute_script("return document.readyState") == "complete")
+
+
+def screenshot(driver: WebDriver, name: str, docs_name: str) -> Path:
+    """Save the whole page (not just the window) to artifacts/, and to docs/images/ if asked."""
+    width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
+    page_height = driver.execute_script(
+        "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
+    )
+    driver.set_window_size(width, max(height, page_height + 150))
+    try:
+        ARTIFACTS.mkdir(exist_ok=True)
+        path = ARTIFACTS / name
+        assert driver.save_screenshot(str(path)), f"could not save {path}"
+    finally:
+        driver.set_window_size(width, height)
+    if os.environ.get("OUTBOX_UPDATE_DOCS_IMAGES") == "1":
+        DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(path, DOCS_IMAGES / docs_name)
+    return path
+
+
+def make_deliveries() -> list[int]:
+    """3,000 queued deliveries of one email; 20 of them abandoned. Returns those 20, newest first."""
+    recipients = [f"customer{i:04d}@example.com" for i in range(3000)]
+    deliveries = enqueue_email(
+        "Your order has shipped", "It is on its way.", "shop@example.com", recipients
+    )
+    assert len(deliveries) == 3000
+    abandoned = sorted((d.pk for d in deliveries[::150]), reverse=True)
+    assert len(abandoned) == 20
+    now = timezone.now()
+    Delivery.objects.filter(pk__in=abandoned).update(
+        status=Delivery.Status.ABANDONED,
+        attempts=1,
+        worker_id=WORKER,
+        claim_token=uuid.uuid4(),
+        processing_started_at=now - timedelta(minutes=7),
+        last_error="worker went away",
+        updated_at=now,
+    )
+    return abandoned
+
+
+def test_operator_marks_abandoned_deliveries_sent(admin_live_server, django_user_model, browser):
+    live_server = admin_live_server
+    django_user_model.objects.create_superuser(USERNAME, "operator@example.com", PASSWORD)
+    abandoned = make_deliveries()
+    driver = browser
+    changelist = reverse("admin:outbox_delivery_changelist")
+
+    # Log in; the admin sends us on to the delivery list.
+    driver.get(f"{live_server.url}{reverse('admin:login')}?next={changelist}")
+    wait(driver).until(EC.presence_of_element_located((By.ID, "id_username")))
+    driver.find_element(By.ID, "id_username").send_keys(USERNAME)
+    driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "#login-form [type=submit]"))
+    wait(driver).until(EC.presence_of_element_located((By.ID, "result_list")))
+    assert driver.current_url.endswith(changelist)
+    assert len(driver.find_elements(By.CSS_SELECTOR, "#result_list input.action-select")) == 100
+
+    # Filter to abandoned by the filter link in the sidebar.
+    link = driver.find_element(
+        By.CSS_SELECTOR, "#changelist-filter a[href*='status__exact=abandoned']"
+    )
+    click_and_load(driver, link)
+    assert "status__exact=abandoned" in driver.current_url
+    boxes = driver.find_elements(By.CSS_SELECTOR, "#result_list input.action-select")
+    assert [int(box.get_attribute("value")) for box in boxes] == abandoned
+    badges = driver.find_elements(By.CSS_SELECTOR, "#result_list .outbox-status")
+    assert {badge.text for badge in badges} == {"abandoned"}
+
+    # Tick three rows and choose the action.
+    chosen = [abandoned[0], abandoned[2], abandoned[5]]
+    for pk in chosen:
+        driver.find_element(
+            By.CSS_SELECTOR, f"#result_list input.action-select[value='{pk}']"
+        ).click()
+    wait(driver).until(
+        EC.text_to_be_present_in_element((By.CSS_SELECTOR, ".action-counter"), "3 of 20 selected")
+    )
+    Select(driver.find_element(By.CSS_SELECTOR, "select[name=action]")).select_by_visible_text(
+        MARK_SENT
+    )
+    screenshot(driver, "admin-deliveries.png", "admin-deliveries.png")
+
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "button[name=index]"))
+    message = wait(driver).until(
+        EC.visibility_of_element_located((By.CSS_SELECTOR, ".messagelist li"))
+    )
+    assert message.text == "Marked 3 deliveries as sent."
+    assert "success" in message.get_attribute("class").split()
+
+    # Exactly those rows are sent, each with the operator's decision on record.
+    statuses = dict(Delivery.objects.filter(pk__in=abandoned).values_list("pk", "status"))
+    assert {pk for pk, status in statuses.items() if status == "sent"} == set(chosen)
+    assert {statuses[pk] for pk in abandoned if pk not in chosen} == {"abandoned"}
+    assert Delivery.objects.filter(status="sent").count() == 3
+    decisions = Attempt.objects.filter(actor=f"admin:{USERNAME}")
+    assert sorted(decisions.values_list("delivery_id", flat=True)) == sorted(chosen)
+    assert set(decisions.values_list("outcome", flat=True)) == {Attempt.Outcome.MARKED_SENT}
+    # The filtered list no longer shows them.
+    remaining = driver.find_elements(By.CSS_SELECTOR, "#result_list input.action-select")
+    assert [int(box.get_attribute("value")) for box in remaining] == [
+        pk for pk in abandoned if pk not in chosen
+    ]
+
+    # One delivery's page shows its status and the operator's decision.
+    driver.get(live_server.url + reverse("admin:outbox_delivery_change", args=[chosen[0]]))
+    wait(driver).until(EC.presence_of_element_located((By.ID, "content-main")))
+    page = driver.find_element(By.ID, "content-main").text
+    assert "customer" in page and "@example.com" in page
+    assert f"admin:{USERNAME}" in page
+    assert "marked sent by operator" in page
+    assert driver.find_element(By.CSS_SELECTOR, "#content-main .outbox-status").text == "sent"
+    screenshot(driver, "admin-delivery-detail.png", "admin-delivery-detail.png")
