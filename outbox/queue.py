@@ -27,7 +27,7 @@ import time
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, cast
 
 from redis import Redis
 from redis.commands.core import Script
@@ -177,7 +177,10 @@ class RedisQueue:
         ``timeout`` later.
         """
         normal = self.ready_key("normal")
-        raw = self.redis.blmove(normal, self.processing_key(worker_id), timeout, "RIGHT", "LEFT")
+        # BLMOVE takes a fractional timeout (Redis >= 6); redis-py types it as int.
+        raw = self.redis.execute_command(
+            "BLMOVE", normal, self.processing_key(worker_id), "RIGHT", "LEFT", timeout
+        )
         if raw is None:
             return None
         self.redis.srem(self.queued_key, raw)
@@ -228,14 +231,20 @@ class RedisQueue:
         return [_decode(w) for w in raw]
 
     def dead_workers(self) -> list[str]:
-        return [_decode(w) for w in self.redis.zrange(self.dead_key, 0, -1)]
+        members = cast(list[bytes], self.redis.zrange(self.dead_key, 0, -1))
+        return [_decode(w) for w in members]
 
     def live_workers(self) -> dict[str, float]:
         """Registered workers and their last heartbeat (epoch seconds)."""
-        return {
-            _decode(w): float(score)
-            for w, score in self.redis.zrange(self.workers_key, 0, -1, withscores=True)
-        }
+        pairs = cast(
+            list[tuple[bytes, float]], self.redis.zrange(self.workers_key, 0, -1, withscores=True)
+        )
+        return {_decode(w): float(score) for w, score in pairs}
+
+    def mirror_state(self) -> dict[str, str]:
+        """The sweeper's bookkeeping hash, decoded."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.mirror_key))
+        return {_decode(k): _decode(v) for k, v in raw.items()}
 
     def processing_ids(self, worker_id: str) -> list[int]:
         return [int(i) for i in self.redis.lrange(self.processing_key(worker_id), 0, -1)]

@@ -69,7 +69,7 @@ from __future__ import annotations
 
 import time
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import Count, Min, Q
 from django.utils import timezone
@@ -183,8 +183,10 @@ def _read_redis(queue: RedisQueue, now: float) -> tuple[dict[str, Any], dict[str
     # seen either in a ready list or in its processing list, never in neither.
     # A worker that registers between the two round trips is read again.
     for _attempt in range(5):
-        workers = redis.zrange(queue.workers_key, 0, -1, withscores=True)
-        dead = redis.zrange(queue.dead_key, 0, -1)
+        workers = cast(
+            list[tuple[bytes, float]], redis.zrange(queue.workers_key, 0, -1, withscores=True)
+        )
+        dead = cast(list[bytes], redis.zrange(queue.dead_key, 0, -1))
         names = [_text(w) for w, _score in workers] + [_text(w) for w in dead]
         pipe = redis.pipeline(transaction=True)
         pipe.zrange(queue.workers_key, 0, -1, withscores=True)

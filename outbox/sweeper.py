@@ -275,7 +275,7 @@ class Sweeper:
 
     def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
         redis = self.queue.redis
-        state = {k.decode(): v.decode() for k, v in redis.hgetall(self.queue.mirror_key).items()}
+        state = self.queue.mirror_state()
         now = time.time()
         full = (
             force_full
