@@ -198,7 +198,12 @@ def requeue(ids: Iterable[int], actor: str) -> TransitionResult:
 def mark_sent(ids: Iterable[int], actor: str) -> TransitionResult:
     """The mail logs show the message left: an abandoned row becomes sent."""
     return transition(
-        ids, allowed=[Status.ABANDONED], to=Status.SENT, outcome=Outcome.MARKED_SENT, actor=actor
+        ids,
+        allowed=[Status.ABANDONED],
+        to=Status.SENT,
+        outcome=Outcome.MARKED_SENT,
+        actor=actor,
+        updates={"last_error": ""},  # the attempt log keeps why it was abandoned
     )
 
 

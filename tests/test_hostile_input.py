@@ -178,7 +178,8 @@ def check_written(
         if "x-injected" not in user_headers:
             assert "x-injected" not in names
         # The injected address never shows up in any header it was not put in.
-        if INJECTED_ADDRESS not in repr(headers) + delivery.recipient + email_row.from_email:
+        asked = repr(headers) + repr(reply_to) + delivery.recipient + email_row.from_email
+        if INJECTED_ADDRESS not in asked:
             for name in ("To", "Cc", "Bcc", "Reply-To", "From"):
                 for value in parsed.get_all(name) or []:
                     assert INJECTED_ADDRESS not in str(value)
