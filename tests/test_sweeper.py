@@ -15,6 +15,7 @@ from outbox import enqueue_email
 from outbox.models import Attempt, Delivery, Email
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -165,9 +166,7 @@ def test_sweeper_promotes_due_scheduled_ids(queue):
     at = timezone.now() + timedelta(milliseconds=200)
     delivery = enqueue_email("s", "b", None, ["a@x.com"], send_at=at)[0]
     Sweeper().run_pass()
-    deadline = time.monotonic() + 5
-    while timezone.now() < at and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: timezone.now() >= at, 5)
     assert Sweeper().run_pass().promoted == 1
     assert ready(queue) == [delivery.pk]
 
