@@ -14,8 +14,6 @@ set -euo pipefail
 
 # shellcheck source=../scripts/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
-# shellcheck source=pg.sh
-source "$ROOT/bench/pg.sh"
 
 trap stop_started EXIT
 trap 'exit 130' INT TERM
@@ -29,7 +27,7 @@ ensure_venv "$ROOT/.venv-bench" "$PYTHON" postgres \
   "aiosmtpd>=1.4"
 
 start_redis
-start_durable_postgres
+start_postgres durable
 
 BENCH_TMP="$(mktemp -d -p /var/tmp outbox-bench.XXXXXX)"
 CLEANUP_DIRS+=("$BENCH_TMP")

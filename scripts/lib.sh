@@ -96,12 +96,21 @@ pg_bindir() {
   echo "$d"
 }
 
-# start_postgres -> sets PG_PORT, PG_USER, PG_DATA (stopped at exit by its postmaster pid)
+# start_postgres [durable] -> sets PG_PORT, PG_USER, PG_DATA, PG_BIN (stopped at exit
+# by its postmaster pid). The test suite's server trades durability for speed;
+# "durable" keeps fsync, synchronous_commit and full_page_writes on, with the data
+# on disk rather than tmpfs, for the benchmark, where commit cost is measured.
 start_postgres() {
-  local bin dir run=()
-  bin="$(pg_bindir)"
+  local durable="${1:-}" dir run=() settings
+  PG_BIN="$(pg_bindir)"
   PG_PORT="$(free_port)"
-  dir="$(mktemp -d)"
+  if [ "$durable" = durable ]; then
+    dir="$(mktemp -d -p /var/tmp outbox-pg.XXXXXX)"
+    settings=(-c fsync=on -c synchronous_commit=on -c full_page_writes=on)
+  else
+    dir="$(mktemp -d)"
+    settings=(-c fsync=off -c synchronous_commit=off -c full_page_writes=off)
+  fi
   chmod 755 "$dir"
   CLEANUP_DIRS+=("$dir")
   PG_DATA="$dir/data"
@@ -113,20 +122,18 @@ start_postgres() {
   else
     PG_USER="$(id -un)"
   fi
-  "${run[@]}" "$bin/initdb" -D "$PG_DATA" -U "$PG_USER" -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
+  "${run[@]}" "$PG_BIN/initdb" -D "$PG_DATA" -U "$PG_USER" -A trust --no-sync -E UTF8 >"$dir/initdb.log" 2>&1 \
     || { cat "$dir/initdb.log" >&2; return 1; }
-  # Durability is off for speed: this server lives for one test run.
-  "${run[@]}" "$bin/postgres" -D "$PG_DATA" -h 127.0.0.1 -p "$PG_PORT" -k "$dir/sock" \
-    -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=200 \
-    >"$dir/postgres.log" 2>&1 &
-  if ! wait_for 30 "$bin/pg_isready" -h 127.0.0.1 -p "$PG_PORT"; then
+  "${run[@]}" "$PG_BIN/postgres" -D "$PG_DATA" -h 127.0.0.1 -p "$PG_PORT" -k "$dir/sock" \
+    "${settings[@]}" -c max_connections=200 >"$dir/postgres.log" 2>&1 &
+  if ! wait_for 30 "$PG_BIN/pg_isready" -h 127.0.0.1 -p "$PG_PORT"; then
     cat "$dir/postgres.log" >&2
     echo "PostgreSQL did not start" >&2
     return 1
   fi
   PG_PID="$(head -n 1 "$PG_DATA/postmaster.pid")"
   STARTED_PIDS+=("$PG_PID")
-  log "PostgreSQL $("$bin/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT (pid $PG_PID)"
+  log "PostgreSQL $("$PG_BIN/postgres" --version | awk '{print $3}') on 127.0.0.1:$PG_PORT (pid $PG_PID${durable:+, durable})"
 }
 
 stop_started() {
