@@ -10,8 +10,14 @@ For each message, in this order (``../shared/seeds/000``):
    stale or a duplicate: it is dropped, nothing is sent;
 3. hand the message to the delivery backend;
 4. mark the row ``sent`` with an UPDATE that matches this attempt's claim
-   token, or requeue it with backoff, or mark it ``failed``, and write the
-   attempt's Attempt row in the same transaction.
+   token, or requeue it with backoff, or mark it ``failed`` (writing the
+   attempt's Attempt row in the same transaction).
+
+Step 4 of one message and step 2 of the next are written in one transaction
+(on PostgreSQL, one statement): one commit per email. The outcome of a message
+is still durable before the next one is handed to the backend, so only the
+message in hand is ever in doubt; when no next id is ready, the outcome is
+written on its own before the thread waits.
 
 Why this order is safe: the database row, not Redis, decides who may send. A
 crash before step 2 leaves a queued row (the sweeper pushes it back); a crash
@@ -22,6 +28,7 @@ matches the claim token, so a late worker can never overwrite another attempt.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -32,11 +39,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
@@ -47,6 +54,7 @@ from redis.exceptions import RedisError
 from . import signals
 from .backends import get_delivery_connection
 from .conf import outbox_settings
+from .db import binding_cursor
 from .exceptions import DeliveryError
 from .message import build_message
 from .models import Attachment, Attempt, Delivery, Email
@@ -127,6 +135,21 @@ class Stats:
             values = (self.sent, self.retried, self.failed, self.skipped)
             self.sent = self.retried = self.failed = self.skipped = 0
             return values
+
+
+@dataclass
+class Settlement:
+    """The outcome of one attempt, waiting to be written (step 4)."""
+
+    started: Started
+    outcome: str  # an Attempt.Outcome: sent, retry, failed or released
+    error: str = ""
+    retry_at: datetime | None = None
+    permanent: bool = False
+
+    @property
+    def delivery(self) -> Delivery:
+        return self.started.delivery
 
 
 @dataclass
@@ -324,6 +347,15 @@ class Worker:
             connection.close()
 
     def _sender_loop(self, backend: BaseEmailBackend) -> None:
+        """Claim, mark, send; each outcome is committed with the next row's claim.
+
+        After a send, the outcome (``Settlement``) is written in the same
+        transaction that marks the next row ``processing``: one commit per
+        email instead of two, and still only the message in hand is ever in
+        doubt, because the outcome of message k is durable before message k+1
+        is handed to the backend. When no next id is ready at once, the
+        outcome is written on its own before the thread waits.
+        """
         pending: deque[Claimed] = deque()
         acks: list[int] = []
         tokens: dict[int, uuid.UUID] = {}
@@ -331,9 +363,11 @@ class Worker:
         backend_open = False
         pause = _Backoff()
         batch = outbox_settings.CLAIM_BATCH
+        settlement: Settlement | None = None
         while not self.stop_event.is_set():
             if generation != self.generation:
                 # Declared dead: ids claimed under the old id are the sweeper's.
+                # (An unwritten outcome is still ours to write: its token says so.)
                 pending.clear()
                 acks.clear()
                 generation = self.generation
@@ -346,6 +380,12 @@ class Worker:
                     worker_id = self.worker_id
                     claimed = self.queue.claim(worker_id, want, acks=acks)
                     acks = []
+                    if not claimed and settlement is not None:
+                        # Never wait with an outcome unwritten; then claim again,
+                        # since a retry it pushes back may be due at once.
+                        self._settle_alone(settlement, acks)
+                        settlement = None
+                        continue
                     if not claimed and not self.burst:
                         if backend_open:
                             # Idle: close rather than let the server time us out mid-send.
@@ -355,6 +395,8 @@ class Worker:
                         claimed = [one] if one else []
                     pause.reset()
                 except RedisError as exc:
+                    self._settle_alone(settlement, acks)
+                    settlement = None
                     pause.wait(self.stop_event, "Redis", exc)
                     continue
                 if not claimed:
@@ -367,16 +409,20 @@ class Worker:
             item = pending.popleft()
             token = tokens.pop(item.id, None) or uuid.uuid4()
             try:
-                started = self._mark_processing(item, generation, token)
+                changed, started = self._settle_and_mark(settlement, item, generation, token)
             except DatabaseError as exc:
-                # Keep the token: if the UPDATE did commit, the retry finds the
-                # row processing under it and carries on instead of stranding it.
+                # Keep the outcome and the token: if the transaction did commit,
+                # the retry finds both rows already written under our tokens.
                 _drop_db_connection()
                 pending.appendleft(item)
                 tokens[item.id] = token
                 pause.wait(self.stop_event, "the database", exc)
                 continue
             pause.reset()
+            if settlement is not None:
+                self._settled(settlement, changed)
+                acks.append(settlement.delivery.pk)
+                settlement = None
             if started is None:
                 acks.append(item.id)
                 continue
@@ -387,18 +433,17 @@ class Worker:
                     backend_open = True
                 except Exception as exc:
                     # Cannot reach the mail server: this attempt is a transient failure.
-                    self._finish_failed(started, exc)
-                    acks.append(item.id)
+                    settlement = self._failure(started, exc)
                     self._after_message()
                     continue
-            ok = self._send_and_settle(started, backend)
-            if not ok:
+            settlement = self._send(started, backend)
+            if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
                 _close_quietly(backend)
                 backend_open = False
-            acks.append(item.id)
             if self._after_message():
                 break
 
+        self._settle_alone(settlement, acks)
         self._give_back(pending, acks)
 
     def _after_message(self) -> bool:
@@ -421,30 +466,81 @@ class Worker:
 
     # -- the database steps -----------------------------------------------------
 
-    def _mark_processing(self, item: Claimed, generation: int, token: uuid.UUID) -> Started | None:
-        """Step 2: claim the row in the database. None means a stale id: drop it.
+    def _settle_and_mark(
+        self, settlement: Settlement | None, item: Claimed, generation: int, token: uuid.UUID
+    ) -> tuple[int, Started | None]:
+        """Step 4 of the previous message and step 2 of the next, in one transaction.
 
-        One statement, committed on its own: the row then names this worker,
-        the claim token and the start time, which is all the evidence the
-        sweeper needs if we die before step 4. Raises DatabaseError when the
-        database is away; the caller retries with the same ``token``.
+        Returns how many rows the outcome's UPDATE changed (0 without an
+        outcome) and the next row, or None if its id was stale. Raises
+        DatabaseError when the database is away; the caller retries with the
+        same outcome and ``token``.
+
+        On PostgreSQL the common case (no outcome, or a success) is a single
+        statement run in autocommit, which PostgreSQL executes atomically: one
+        round trip and one commit per email (``_step_postgresql``).
         """
         now = timezone.now()
-        # No close_old_connections() here: with CONN_MAX_AGE=0 it would open a
-        # new connection for every email. The connection lives as long as the
-        # thread and is dropped only after a DatabaseError (_drop_db_connection).
-        delivery = _claim_row(item.id, self.worker_id, token, now)
-        if delivery is None:
+        if connection.vendor == "postgresql" and (
+            settlement is None or settlement.outcome == Outcome.SENT
+        ):
+            changed, claimed = _step_postgresql(
+                settlement, item.id, self.worker_id, token, now, self._recent_email()
+            )
+            if settlement is not None and not changed:
+                changed = self._sent_but_not_ours(settlement, now)
+        else:
             with transaction.atomic():
-                owned = Delivery.objects.filter(
-                    pk=item.id, status=Status.PROCESSING, claim_token=token
-                ).first()
-                if owned is None:
-                    self._reschedule_if_early(item, now)
-                    self.stats.add("skipped")
-                    return None
-            delivery = owned  # our earlier UPDATE committed; its reply was lost
-        email, attachments = self._email(delivery.email_id)
+                changed = self._write_outcome(settlement) if settlement is not None else 0
+                claimed = _claim_row(item.id, self.worker_id, token, now)
+        return changed, self._started(item, generation, token, now, claimed)
+
+    def _settle_alone(self, settlement: Settlement | None, acks: list[int]) -> None:
+        """Write an outcome that has no next row to share a commit with."""
+        if settlement is None:
+            return
+
+        def write() -> int:
+            with transaction.atomic():
+                return self._write_outcome(settlement)
+
+        changed = self._persist(write, settlement.delivery, settlement.outcome)
+        if changed is not None:
+            self._settled(settlement, changed)
+            acks.append(settlement.delivery.pk)
+
+    def _started(
+        self,
+        item: Claimed,
+        generation: int,
+        token: uuid.UUID,
+        now: datetime,
+        claimed: _ClaimedRow | None,
+    ) -> Started | None:
+        """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
+
+        The UPDATE left the row naming this worker, the claim token and the
+        start time, which is all the evidence the sweeper needs if we die
+        before step 4.
+        """
+        # No close_old_connections() anywhere here: with CONN_MAX_AGE=0 it would
+        # open a new connection for every email. The connection lives as long
+        # as the thread and is dropped only after a DatabaseError.
+        if claimed is None:
+            owned = Delivery.objects.filter(
+                pk=item.id, status=Status.PROCESSING, claim_token=token
+            ).first()
+            if owned is None:
+                self._reschedule_if_early(item, now)
+                self.stats.add("skipped")
+                return None
+            # Our earlier UPDATE committed; its reply was lost.
+            claimed = _ClaimedRow(owned, None, False)
+        delivery = claimed.delivery
+        if claimed.email is not None:
+            email, attachments = self._remember_email(claimed.email, claimed.has_attachments)
+        else:
+            email, attachments = self._email(delivery.email_id)
         return Started(delivery, email, attachments, token, time.monotonic(), generation)
 
     def _reschedule_if_early(self, item: Claimed, now: datetime) -> None:
@@ -460,6 +556,15 @@ class Worker:
                 lambda: self._push_quietly([QueueEntry(item.id, priority, not_before.timestamp())])
             )
 
+    def _recent_email(self) -> int:
+        """The id of the most recently used cached email (0 if none).
+
+        A multi-recipient email's ids are claimed one after another, so the
+        next claim is most likely for this one: its content need not be read.
+        """
+        with self._emails_lock:
+            return next(reversed(self._emails), 0)
+
     def _email(self, email_id: int) -> tuple[Email, list[Attachment]]:
         """Emails never change once written, so they are cached by id."""
         with self._emails_lock:
@@ -467,53 +572,140 @@ class Worker:
             if cached is not None:
                 self._emails.move_to_end(email_id)
                 return cached
-        email = Email.objects.get(pk=email_id)
-        attachments = list(Attachment.objects.filter(email_id=email_id).order_by("pk"))
+        return self._remember_email(*_load_email(email_id))
+
+    def _remember_email(
+        self, email: Email, has_attachments: bool
+    ) -> tuple[Email, list[Attachment]]:
+        attachments = (
+            list(Attachment.objects.filter(email_id=email.pk).order_by("pk"))
+            if has_attachments
+            else []
+        )
         with self._emails_lock:
-            self._emails[email_id] = (email, attachments)
+            self._emails[email.pk] = (email, attachments)
             if len(self._emails) > EMAIL_CACHE_SIZE:
                 self._emails.popitem(last=False)
         return email, attachments
 
-    def _send_and_settle(self, started: Started, backend: BaseEmailBackend) -> bool:
-        """Steps 3 and 4. Returns False when the connection should be reopened."""
-        delivery = started.delivery
+    # -- sending and outcomes -----------------------------------------------------
+
+    def _send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
+        """Step 3: hand the message to the backend; returns the outcome to write."""
         lease = outbox_settings.HEARTBEAT_TIMEOUT * 0.8
         if started.generation != self.generation or time.monotonic() - started.started > lease:
             # We were frozen or declared dead between marking and sending: the
             # sweeper may already have acted on this row, so do not send it.
-            self._release_unsent(started)
-            return True
+            logger.warning(
+                "delivery %s: lease expired before sending; releasing it", started.delivery.pk
+            )
+            return Settlement(started, Outcome.RELEASED, "lease expired before sending")
         try:
-            message = build_message(delivery, started.email, started.attachments)
+            message = build_message(started.delivery, started.email, started.attachments)
             if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except Exception as exc:
-            self._finish_failed(started, exc)
-            return False
+            return self._failure(started, exc)
         _fault("after_send")
-        self._finish_sent(started)
-        _fault("after_mark_sent")
-        return True
+        return Settlement(started, Outcome.SENT)
+
+    def _failure(self, started: Started, exc: BaseException) -> Settlement:
+        delivery = started.delivery
+        error = f"{type(exc).__name__}: {exc}"[:2000]
+        permanent = is_permanent(exc)
+        if permanent or delivery.attempts >= delivery.max_attempts:
+            return Settlement(started, Outcome.FAILED, error, permanent=permanent)
+        base, cap = outbox_settings.RETRY_BACKOFF
+        delay = backoff_delay(delivery.attempts, base, cap)
+        return Settlement(started, Outcome.RETRY, error, timezone.now() + timedelta(seconds=delay))
 
     def _finish_sent(self, started: Started) -> None:
-        delivery = started.delivery
+        """Write a success on its own (tests and tools; the loop shares commits)."""
+        self._settle_alone(Settlement(started, Outcome.SENT), [])
 
-        def write() -> int:
-            now = timezone.now()
-            with transaction.atomic():
-                changed = Delivery.objects.filter(
-                    pk=delivery.pk, status=Status.PROCESSING, claim_token=started.token
-                ).update(status=Status.SENT, sent_at=now, updated_at=now, last_error="")
-                # The attempt records the server's acceptance even if the row
-                # was settled by someone else meanwhile: it is the evidence.
-                self._log_attempt(started, now, Outcome.SENT)
-            return changed
+    def _finish_failed(self, started: Started, exc: BaseException) -> None:
+        """Write a failure on its own (tests and tools; the loop shares commits)."""
+        self._settle_alone(self._failure(started, exc), [])
 
-        changed = self._persist(write, delivery, "sent")
-        if changed is None:
-            return
-        if changed:
+    def _write_outcome(self, s: Settlement) -> int:
+        """Step 4, inside the caller's transaction: one UPDATE matching the claim token.
+
+        A success is recorded on the row itself (status, ``sent_at``, and the
+        worker, token, start time and attempt number it was claimed with):
+        that is the evidence, so it writes no Attempt row. Any other outcome
+        also writes its Attempt row, and a retry or a release pushes the id
+        back to Redis once the transaction commits. Returns how many rows
+        changed (0: someone else settled the row meanwhile).
+        """
+        delivery = s.delivery
+        now = timezone.now()
+        if s.outcome == Outcome.SENT:
+            changed = _mark_sent(delivery.pk, s.started.token, now)
+            return changed or self._sent_but_not_ours(s, now)
+        rows = Delivery.objects.filter(
+            pk=delivery.pk, status=Status.PROCESSING, claim_token=s.started.token
+        )
+        if s.outcome == Outcome.FAILED:
+            changed = rows.update(status=Status.FAILED, last_error=s.error, updated_at=now)
+        elif s.outcome == Outcome.RETRY:
+            changed = rows.update(
+                status=Status.QUEUED,
+                not_before=s.retry_at,
+                last_error=s.error,
+                claim_token=None,
+                worker_id="",
+                updated_at=now,
+            )
+        else:  # released: not sent, so the attempt does not count
+            changed = rows.update(
+                status=Status.QUEUED,
+                attempts=F("attempts") - 1,
+                claim_token=None,
+                worker_id="",
+                updated_at=now,
+            )
+        if not changed and _attempt_logged(s):
+            # A retry after a commit whose reply was lost: nothing to write again.
+            changed = 1
+        else:
+            self._log_attempt(s, now)
+        if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
+            at = s.retry_at.timestamp() if s.retry_at is not None else now.timestamp()
+            entry = QueueEntry(delivery.pk, delivery.priority, at)
+            transaction.on_commit(lambda: self._push_quietly([entry]))
+        return changed
+
+    def _sent_but_not_ours(self, s: Settlement, now: datetime) -> int:
+        """The success UPDATE changed nothing: find out why (rare).
+
+        Returns 1 if the row is already ``sent`` under this attempt's token (a
+        retry after a commit whose reply was lost). Otherwise someone else (the
+        sweeper, an operator) settled the row meanwhile: the server's
+        acceptance is then written as an Attempt row, the evidence an
+        operator needs, and 0 is returned.
+        """
+        delivery = s.delivery
+        if Delivery.objects.filter(
+            pk=delivery.pk, status=Status.SENT, claim_token=s.started.token
+        ).exists():
+            return 1
+        if not _attempt_logged(s):
+            self._log_attempt(s, now)
+        return 0
+
+    def _settled(self, s: Settlement, changed: int) -> None:
+        """After the commit: counters, log lines and signals for one outcome."""
+        delivery = s.delivery
+        if s.outcome == Outcome.SENT:
+            if not changed:
+                logger.error(
+                    "delivery %s (Message-ID %s) was accepted by the mail server, but its "
+                    "row was settled by someone else meanwhile (the sweeper?); it may need "
+                    "review",
+                    delivery.pk,
+                    delivery.message_id,
+                )
+                return
             self.stats.add("sent")
             with self._handled_lock:
                 self.delivered_total += 1
@@ -521,107 +713,41 @@ class Worker:
             signals.delivery_sent.send_robust(
                 sender=Delivery, delivery_id=delivery.pk, worker_id=self.worker_id, by="worker"
             )
-        else:
-            logger.error(
-                "delivery %s (Message-ID %s) was accepted by the mail server, but its row "
-                "was settled by someone else meanwhile (the sweeper?); it may need review",
-                delivery.pk,
-                delivery.message_id,
-            )
-
-    def _finish_failed(self, started: Started, exc: BaseException) -> None:
-        delivery = started.delivery
-        error = f"{type(exc).__name__}: {exc}"[:2000]
-        permanent = is_permanent(exc)
-        exhausted = delivery.attempts >= delivery.max_attempts
-        base, cap = outbox_settings.RETRY_BACKOFF
-        retry_at = timezone.now() + timedelta(seconds=backoff_delay(delivery.attempts, base, cap))
-        final = permanent or exhausted
-
-        def write() -> int:
-            now = timezone.now()
-            with transaction.atomic():
-                rows = Delivery.objects.filter(
-                    pk=delivery.pk, status=Status.PROCESSING, claim_token=started.token
-                )
-                if final:
-                    changed = rows.update(status=Status.FAILED, last_error=error, updated_at=now)
-                else:
-                    changed = rows.update(
-                        status=Status.QUEUED,
-                        not_before=retry_at,
-                        last_error=error,
-                        claim_token=None,
-                        worker_id="",
-                        updated_at=now,
-                    )
-                self._log_attempt(started, now, Outcome.FAILED if final else Outcome.RETRY, error)
-                if changed and not final:
-                    entry = QueueEntry(delivery.pk, delivery.priority, retry_at.timestamp())
-                    transaction.on_commit(lambda: self._push_quietly([entry]))
-            return changed
-
-        changed = self._persist(write, delivery, "failed" if final else "retry")
-        if not changed:
+            _fault("after_mark_sent")
+        elif not changed or s.outcome == Outcome.RELEASED:
             return
-        if final:
+        elif s.outcome == Outcome.FAILED:
             self.stats.add("failed")
-            why = "permanent error" if permanent else f"{delivery.attempts} attempts"
+            why = "permanent error" if s.permanent else f"{delivery.attempts} attempts"
             logger.warning(
-                "delivery %s to %s failed (%s): %s", delivery.pk, delivery.recipient, why, error
+                "delivery %s to %s failed (%s): %s", delivery.pk, delivery.recipient, why, s.error
             )
             signals.delivery_failed.send_robust(
-                sender=Delivery, delivery_id=delivery.pk, error=error, by="worker"
+                sender=Delivery, delivery_id=delivery.pk, error=s.error, by="worker"
             )
         else:
+            assert s.retry_at is not None
             self.stats.add("retried")
             logger.info(
                 "delivery %s: attempt %d of %d failed (%s); retrying at %s",
                 delivery.pk,
                 delivery.attempts,
                 delivery.max_attempts,
-                error,
-                retry_at.isoformat(timespec="seconds"),
+                s.error,
+                s.retry_at.isoformat(timespec="seconds"),
             )
 
-    def _release_unsent(self, started: Started) -> None:
-        """Undo a claim we will not send: back to queued, attempt not counted."""
-        delivery = started.delivery
-
-        def write() -> int:
-            now = timezone.now()
-            with transaction.atomic():
-                changed = Delivery.objects.filter(
-                    pk=delivery.pk, status=Status.PROCESSING, claim_token=started.token
-                ).update(
-                    status=Status.QUEUED,
-                    attempts=F("attempts") - 1,
-                    claim_token=None,
-                    worker_id="",
-                    updated_at=now,
-                )
-                self._log_attempt(started, now, Outcome.RELEASED, "lease expired before sending")
-                if changed:
-                    entry = QueueEntry(delivery.pk, delivery.priority, now.timestamp())
-                    transaction.on_commit(lambda: self._push_quietly([entry]))
-            return changed
-
-        logger.warning("delivery %s: lease expired before sending; releasing it", delivery.pk)
-        self._persist(write, delivery, "released")
-
-    def _log_attempt(
-        self, started: Started, finished: datetime, outcome: str, error: str = ""
-    ) -> None:
-        delivery = started.delivery
+    def _log_attempt(self, s: Settlement, finished: datetime) -> None:
+        delivery = s.delivery
         Attempt.objects.create(
             delivery_id=delivery.pk,
             number=delivery.attempts,
             worker_id=delivery.worker_id,
-            claim_token=started.token,
+            claim_token=s.started.token,
             started_at=delivery.processing_started_at or finished,
             finished_at=finished,
-            outcome=outcome,
-            error=error,
+            outcome=s.outcome,
+            error=s.error,
             actor=delivery.worker_id,
         )
 
@@ -669,31 +795,88 @@ class Worker:
             )
 
 
+# -- the hot path in SQL --------------------------------------------------------
+# Raw statements for what runs once per email: the ORM's query building costs
+# more CPU than the round trip. Each is still one conditional statement.
+#
+# Each finds its row by primary key. The status test is written as
+# ``(status = ...) IS TRUE``, which no index can serve, because PostgreSQL
+# otherwise may plan it on the (status, updated_at) index when its statistics
+# say few rows are queued (a new table, or one analysed just after a drain):
+# each claim would then scan every queued row, and a burst of n emails would
+# cost O(n^2).
+
 _CLAIM_SQL = """
-UPDATE {table} SET status = %s, worker_id = %s, claim_token = %s,
+UPDATE {delivery} SET status = %s, worker_id = %s, claim_token = %s,
     processing_started_at = %s, updated_at = %s, attempts = attempts + 1
-WHERE id = %s AND status = %s AND not_before <= %s
+WHERE id = %s AND (status = %s) IS TRUE AND not_before <= %s
 RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
 """
 
+_SENT_SQL = """
+UPDATE {delivery} SET status = %s, sent_at = %s, updated_at = %s, last_error = ''
+WHERE id = %s AND (status = %s) IS TRUE AND claim_token = %s
+"""
 
-def _claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Delivery | None:
-    """The conditional UPDATE of step 2 with RETURNING (PostgreSQL, SQLite >= 3.35).
+# PostgreSQL: the success of the previous message (if any), the claim of the
+# next one and the next one's content, in one statement. A statement run in
+# autocommit is its own transaction, so both UPDATEs commit together or not at
+# all. They touch different rows; a CTE's RETURNING is all the SELECT reads.
+# The email's content is skipped when the worker has it cached (%(known)s).
+_STEP_SQL_POSTGRESQL = """
+WITH settled AS (
+    UPDATE {delivery} SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
+        last_error = ''
+    WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
+        AND claim_token = %(settle_token)s
+    RETURNING id
+), claimed AS (
+    UPDATE {delivery} SET status = %(processing)s, worker_id = %(worker)s,
+        claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
+        attempts = attempts + 1
+    WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= %(now)s
+    RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
+)
+SELECT (SELECT count(*) FROM settled),
+    c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
+    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
+FROM (VALUES (1)) AS one
+LEFT JOIN claimed c ON true
+LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
+"""
 
-    Returns the claimed row (the fields the worker needs), or None if the row
-    was not queued and due.
-    """
-    ops = connection.ops
-    when = ops.adapt_datetimefield_value(now)
-    token_db = Delivery._meta.get_field("claim_token").get_db_prep_value(token, connection)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            _CLAIM_SQL.format(table=ops.quote_name(Delivery._meta.db_table)),
-            [Status.PROCESSING, worker_id, token_db, when, when, pk, Status.QUEUED, when],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        return None
+_EMAIL_SQL = """
+SELECT subject, body, html_message, from_email, reply_to, headers,
+    EXISTS (SELECT 1 FROM {attachment} WHERE email_id = %s)
+FROM {email} WHERE id = %s
+"""
+
+
+class _ClaimedRow(NamedTuple):
+    delivery: Delivery
+    email: Email | None  # None: not read with the claim (cached, or SQLite)
+    has_attachments: bool
+
+
+def _sql(template: str) -> str:
+    quote = connection.ops.quote_name
+    return template.format(
+        delivery=quote(Delivery._meta.db_table),
+        email=quote(Email._meta.db_table),
+        attachment=quote(Attachment._meta.db_table),
+        attempt=quote(Attempt._meta.db_table),
+    )
+
+
+def _token_db(token: uuid.UUID | None) -> Any:
+    return Delivery._meta.get_field("claim_token").get_db_prep_value(token, connection)
+
+
+def _delivery(
+    pk: int, worker_id: str, token: uuid.UUID, now: datetime, row: Sequence[Any]
+) -> Delivery:
+    """The claimed row as the worker needs it, from the RETURNING columns."""
     email_id, recipient, priority, attempts, max_attempts, message_id = row
     return Delivery(
         pk=pk,
@@ -708,6 +891,114 @@ def _claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Deli
         claim_token=token,
         processing_started_at=now,
     )
+
+
+def _email_from(pk: int, row: Sequence[Any]) -> Email:
+    subject, body, html_message, from_email, reply_to, headers = row
+    return Email(
+        pk=pk,
+        subject=subject,
+        body=body,
+        html_message=html_message,
+        from_email=from_email,
+        reply_to=_json(reply_to),
+        headers=_json(headers),
+    )
+
+
+def _claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> _ClaimedRow | None:
+    """The conditional UPDATE of step 2 with RETURNING (PostgreSQL, SQLite >= 3.35).
+
+    Returns the claimed row (the fields the worker needs), or None if the row
+    was not queued and due.
+    """
+    when = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _sql(_CLAIM_SQL),
+            [Status.PROCESSING, worker_id, _token_db(token), when, when, pk, Status.QUEUED, when],
+        )
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    return _ClaimedRow(_delivery(pk, worker_id, token, now, row), None, False)
+
+
+def _step_postgresql(
+    settlement: Settlement | None,
+    claim_id: int,
+    worker_id: str,
+    token: uuid.UUID,
+    now: datetime,
+    known_email: int,
+) -> tuple[int, _ClaimedRow | None]:
+    """Record a success and claim the next row in one statement (PostgreSQL).
+
+    Returns how many rows the success UPDATE changed and the claimed row (with
+    its email's content unless it is ``known_email``), or None.
+    """
+    with binding_cursor(connection) as cursor:
+        cursor.execute(
+            _sql(_STEP_SQL_POSTGRESQL),
+            {
+                "sent": Status.SENT,
+                "processing": Status.PROCESSING,
+                "queued": Status.QUEUED,
+                "now": now,
+                "settle_id": settlement.delivery.pk if settlement is not None else None,
+                "settle_token": settlement.started.token if settlement is not None else None,
+                "worker": worker_id,
+                "token": token,
+                "claim_id": claim_id,
+                "known": known_email,
+            },
+        )
+        row = cursor.fetchone()
+    assert row is not None  # the SELECT always returns its one row
+    settled = int(row[0])
+    if row[1] is None:
+        return settled, None
+    delivery = _delivery(claim_id, worker_id, token, now, row[1:7])
+    if row[7] is None:
+        return settled, _ClaimedRow(delivery, None, False)
+    return settled, _ClaimedRow(delivery, _email_from(row[1], row[7:13]), bool(row[13]))
+
+
+def _mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
+    when = connection.ops.adapt_datetimefield_value(now)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _sql(_SENT_SQL),
+            [Status.SENT, when, when, pk, Status.PROCESSING, _token_db(token)],
+        )
+        return int(cursor.rowcount)
+
+
+def _load_email(email_id: int) -> tuple[Email, bool]:
+    """The email's content and whether it has attachments, in one query."""
+    with connection.cursor() as cursor:
+        cursor.execute(_sql(_EMAIL_SQL), [email_id, email_id])
+        row = cursor.fetchone()
+    if row is None:
+        raise Email.DoesNotExist(f"email {email_id} is gone")
+    return _email_from(email_id, row[:6]), bool(row[6])
+
+
+def _json(value: Any) -> Any:
+    # A raw cursor gets JSON columns as text on PostgreSQL (Django's loader) and SQLite.
+    return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def _attempt_logged(s: Settlement) -> bool:
+    """Whether this attempt's outcome already has its Attempt row.
+
+    True after a retry of a commit whose reply was lost: the Attempt row is
+    written in the same transaction as the outcome, so its claim token is the
+    proof.
+    """
+    return Attempt.objects.filter(
+        delivery_id=s.delivery.pk, claim_token=s.started.token, outcome=s.outcome
+    ).exists()
 
 
 class _Backoff:

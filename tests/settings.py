@@ -5,6 +5,7 @@ loopback and passes their addresses in the environment:
 
 - OUTBOX_TEST_DB: "sqlite" (default) or "postgres"
 - OUTBOX_TEST_PG_HOST / OUTBOX_TEST_PG_PORT / OUTBOX_TEST_PG_USER
+- OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
@@ -71,6 +72,12 @@ if _db == "postgres":
             "TEST": {"NAME": "test_outbox"},
         }
     }
+    if os.environ.get("OUTBOX_TEST_PG_PREPARE_THRESHOLD"):
+        # psycopg's prepared statements (off by default in Django): one cell
+        # runs the worker's prepared hot path.
+        DATABASES["default"]["OPTIONS"] = {
+            "prepare_threshold": int(os.environ["OUTBOX_TEST_PG_PREPARE_THRESHOLD"])
+        }
 else:
     # A file, not :memory:, so that worker subprocesses and threads share it.
     _sqlite_dir = os.environ.get("OUTBOX_TEST_SQLITE_DIR", tempfile.gettempdir())

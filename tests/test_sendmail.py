@@ -288,7 +288,7 @@ def test_worker_pipes_each_recipient_its_own_copy(sendmail_outbox):
         assert delivery.attempts == 1
         assert delivery.sent_at is not None
         assert delivery.last_error == ""
-        assert [a.outcome for a in delivery.attempt_log.all()] == [Attempt.Outcome.SENT]
+        assert not delivery.attempt_log.exists()  # a success is recorded on the row
     assert deliveries[0].message_id != deliveries[1].message_id
 
 

@@ -43,10 +43,13 @@ def test_burst_delivers_everything_due_and_exits(outbox_mail, queue):
     assert queue.live_workers() == {}
     assert queue.redis.keys("{outbox}:processing:*") == []
     sent = Delivery.objects.get(pk=deliveries[0].pk)
+    # A success is recorded on the row itself: who sent it, under which claim,
+    # from when to when. Only attempts that did not succeed get an Attempt row.
     assert sent.sent_at is not None and sent.attempts == 1 and sent.claim_token is not None
-    attempt = Attempt.objects.get(delivery=sent)
-    assert attempt.outcome == Attempt.Outcome.SENT and attempt.claim_token == sent.claim_token
-    assert attempt.number == 1 and attempt.finished_at is not None
+    assert sent.worker_id == worker.worker_id
+    assert sent.processing_started_at is not None
+    assert sent.processing_started_at <= sent.sent_at
+    assert not Attempt.objects.exists()
 
 
 def test_each_recipient_gets_its_own_copy(outbox_mail):
@@ -112,7 +115,7 @@ def test_transient_failure_retries_with_backoff_then_succeeds(flaky, outbox_mail
     row.refresh_from_db()
     assert row.status == Status.SENT and row.attempts == 2 and row.last_error == ""
     outcomes = list(Attempt.objects.filter(delivery=row).values_list("number", "outcome"))
-    assert outcomes == [(1, "retry"), (2, "sent")]
+    assert outcomes == [(1, "retry")]  # the success is on the row: attempts == 2, sent_at
     assert len(outbox_mail) == 1
 
 
@@ -196,6 +199,63 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
     row.refresh_from_db()
     assert row.status == Status.PROCESSING and row.claim_token == new_token
     assert row.last_error == ""
+    # The late success is kept as evidence (the server did accept the message).
+    log = list(Attempt.objects.filter(claim_token=old_token).values_list("outcome", flat=True))
+    assert log == ["sent", "retry"]
+
+
+def test_an_outcome_written_twice_is_written_once():
+    """A retry after a commit whose reply was lost finds its own write, not a conflict."""
+    from outbox.worker import Settlement, Started
+
+    sent, failed = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
+    worker = Worker(burst=True)
+    settlements = []
+    for delivery, outcome in ((sent, Attempt.Outcome.SENT), (failed, Attempt.Outcome.FAILED)):
+        token = uuid.uuid4()
+        Delivery.objects.filter(pk=delivery.pk).update(
+            status=Status.PROCESSING, claim_token=token, attempts=1, worker_id=worker.worker_id
+        )
+        row = Delivery.objects.get(pk=delivery.pk)
+        started = Started(row, row.email, [], token, 0.0, worker.generation)
+        settlements.append(Settlement(started, outcome, "550 no such user" * (outcome != "sent")))
+    for settlement in settlements * 2:
+        acks: list[int] = []
+        worker._settle_alone(settlement, acks)
+        assert acks == [settlement.delivery.pk]
+    assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
+    assert Delivery.objects.get(pk=failed.pk).status == Status.FAILED
+    assert list(Attempt.objects.values_list("delivery_id", "outcome")) == [(failed.pk, "failed")]
+
+
+class OneInDoubtBackend(locmem.EmailBackend):
+    """Records how many rows are `processing` each time a message is handed over."""
+
+    in_doubt: list[int] = []
+
+    def send_messages(self, messages):
+        OneInDoubtBackend.in_doubt.append(Delivery.objects.filter(status=Status.PROCESSING).count())
+        return super().send_messages(messages)
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+def test_each_outcome_is_committed_before_the_next_send(settings, outbox_mail, concurrency):
+    """The next row's claim shares a commit with the last outcome, never more.
+
+    So at any moment at most one row per sending thread is in doubt: the one
+    being handed to the backend.
+    """
+    backend = "tests.test_worker.OneInDoubtBackend"
+    settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": backend}
+    OneInDoubtBackend.in_doubt = []
+    enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(60)])
+    burst(concurrency=concurrency)
+    assert len(outbox_mail) == 60
+    assert len(OneInDoubtBackend.in_doubt) == 60
+    assert min(OneInDoubtBackend.in_doubt) >= 1
+    assert max(OneInDoubtBackend.in_doubt) <= concurrency
+    sent = Delivery.objects.filter(status=Status.SENT)
+    assert sent.count() == 60 and not sent.filter(sent_at__isnull=True).exists()
 
 
 def test_priorities_high_first(outbox_mail):
@@ -226,7 +286,8 @@ def test_concurrency_delivers_every_message_once(outbox_mail):
     worker = burst(concurrency=4)
     assert worker.delivered_total == 200
     assert sorted(m.to[0] for m in outbox_mail) == sorted(d.recipient for d in deliveries)
-    assert Attempt.objects.count() == 200
+    assert Delivery.objects.filter(status=Status.SENT, attempts=1).count() == 200
+    assert not Attempt.objects.exists()
 
 
 def test_max_messages_stops_and_gives_back_the_rest(outbox_mail, queue):
@@ -312,3 +373,40 @@ def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     assert queue.redis.llen(queue.ready_key("normal")) == 2
     assert queue.redis.llen(queue.processing_key(worker.worker_id)) == 0
     assert queue.push([QueueEntry(claimed[0].id, "normal", 0)]) == 0  # already back
+
+
+def test_the_step_statement_is_prepared_only_when_django_allows_it():
+    """Prepared statements follow the project's OPTIONS["prepare_threshold"]."""
+    from django.db import connection
+
+    from outbox.worker import _step_postgresql
+
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: SQLite has no server-side prepared statements")
+    first, second = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
+    connection.ensure_connection()
+    raw = connection.connection
+    saved = raw.prepare_threshold
+
+    def prepared() -> int:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
+                ["%claimed AS%"],
+            )
+            return cursor.fetchone()[0]
+
+    try:
+        raw.prepare_threshold = None  # Django's default: keeps PgBouncer working
+        before = prepared()
+        _, claimed = _step_postgresql(None, first.pk, "w", uuid.uuid4(), timezone.now(), 0)
+        assert claimed is not None and claimed.delivery.recipient == "a@example.com"
+        assert prepared() == before
+        raw.prepare_threshold = 0  # prepare at first use
+        _, claimed = _step_postgresql(None, second.pk, "w", uuid.uuid4(), timezone.now(), 0)
+        assert claimed is not None and claimed.email is not None
+        assert claimed.email.subject == "s"
+        assert prepared() == before + 1
+    finally:
+        raw.prepare_threshold = saved
+    assert Delivery.objects.filter(status=Status.PROCESSING).count() == 2
