@@ -14,6 +14,7 @@ transaction, and push ids to Redis only after the commit.
 
 from __future__ import annotations
 
+import json
 import logging
 import mimetypes
 import uuid
@@ -26,13 +27,14 @@ from typing import Any
 
 from django.conf import settings
 from django.core.mail import EmailMessage
-from django.db import router, transaction
+from django.db import connections, router, transaction
 from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
 from . import signals
 from .conf import PRIORITIES, outbox_settings
+from .db import binding_cursor
 from .models import Attachment, Delivery, Email
 from .queue import QueueEntry, RedisQueue
 from .validation import (
@@ -381,6 +383,12 @@ def _write(p: _Prepared) -> list[Delivery]:
     now = timezone.now()
     not_before = p.send_at or now
     domain = _message_id_domain(p.from_email)
+    if (
+        p.idempotency_key is None
+        and not p.attachments
+        and connections[using].vendor == "postgresql"
+    ):
+        return _write_postgresql(p, using, now, not_before, domain)
     with transaction.atomic(using=using):
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
@@ -389,15 +397,8 @@ def _write(p: _Prepared) -> list[Delivery]:
         if not missing:
             return [existing[r] for r in p.recipients]
 
-        email = Email.objects.using(using).create(
-            subject=p.subject,
-            body=p.body,
-            html_message=p.html_message,
-            from_email=p.from_email,
-            reply_to=p.reply_to,
-            headers=p.headers,
-            created_at=now,
-        )
+        email = _email(p, now)
+        email.save(force_insert=True, using=using)
         if p.attachments:
             Attachment.objects.using(using).bulk_create(
                 Attachment(email=email, name=name, content=content, mimetype=mimetype)
@@ -435,6 +436,110 @@ def _write(p: _Prepared) -> list[Delivery]:
     if p.idempotency_key is None:
         return created
     return [existing[r] for r in p.recipients]
+
+
+# The email and all its deliveries in one statement (PostgreSQL): the
+# recipients travel as two arrays instead of a VALUES row each, which is what
+# makes a 10,000-recipient call cheap. The deliveries' RETURNING is matched
+# back by Message-ID, which is unique, so no row order is assumed.
+_INSERT_SQL_POSTGRESQL = """
+WITH email AS (
+    INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+        %(headers)s::jsonb, %(now)s)
+    RETURNING id
+)
+INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, worker_id, message_id, last_error, created_at, updated_at)
+SELECT email.id, r.recipient, %(queued)s, %(priority)s, 0, %(max_attempts)s,
+    %(not_before)s, '', r.message_id, '', %(now)s, %(now)s
+FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[]) AS r(recipient, message_id)
+RETURNING id, email_id, message_id
+"""
+
+
+def _write_postgresql(
+    p: _Prepared, using: str, now: datetime, not_before: datetime, domain: str
+) -> list[Delivery]:
+    """The common case (no idempotency key, no attachments) as one INSERT statement.
+
+    Outside a transaction the statement is atomic on its own, so no
+    BEGIN/COMMIT round trips are spent on it; inside one, it joins it. Either
+    way the Redis push and the signal run after the commit.
+    """
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    message_ids = [make_message_id(domain) for _ in p.recipients]
+    with binding_cursor(connection) as cursor:
+        cursor.execute(
+            _INSERT_SQL_POSTGRESQL.format(
+                email=quote(Email._meta.db_table), delivery=quote(Delivery._meta.db_table)
+            ),
+            {
+                "subject": p.subject,
+                "body": p.body,
+                "html": p.html_message,
+                "from": p.from_email,
+                "reply_to": json.dumps(p.reply_to),
+                "headers": json.dumps(p.headers),
+                "now": now,
+                "queued": Delivery.Status.QUEUED,
+                "priority": p.priority,
+                "max_attempts": p.max_attempts,
+                "not_before": not_before,
+                "recipients": p.recipients,
+                "message_ids": message_ids,
+            },
+        )
+        returned = cursor.fetchall()
+    email_id = returned[0][1]
+    email = _email(p, now)
+    email.pk = email_id
+    email._state.adding = False
+    email._state.db = using
+    ids = {message_id: pk for pk, _email, message_id in returned}
+    # Model.from_db() with every field is Django's fast way to build instances
+    # (no per-keyword work): it matters at 10,000 recipients.
+    fields = Delivery._meta.concrete_fields
+    names = [f.attname for f in fields]
+    row: dict[str, Any] = {f.attname: f.get_default() for f in fields}
+    row.update(
+        email_id=email_id,
+        status=Delivery.Status.QUEUED,
+        priority=p.priority,
+        max_attempts=p.max_attempts,
+        not_before=not_before,
+        created_at=now,
+        updated_at=now,
+    )
+    template = [row[name] for name in names]
+    slots = [names.index(name) for name in ("id", "recipient", "message_id")]
+    cache = Delivery.email.field
+    created = []
+    for recipient, message_id in zip(p.recipients, message_ids, strict=True):
+        values = template.copy()
+        for slot, value in zip(slots, (ids[message_id], recipient, message_id), strict=True):
+            values[slot] = value
+        delivery = Delivery.from_db(using, names, values)
+        cache.set_cached_value(delivery, email)
+        created.append(delivery)
+    at = not_before.timestamp()
+    entries = [QueueEntry(d.pk, p.priority, at) for d in created]
+    transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
+    return created
+
+
+def _email(p: _Prepared, now: datetime) -> Email:
+    return Email(
+        subject=p.subject,
+        body=p.body,
+        html_message=p.html_message,
+        from_email=p.from_email,
+        reply_to=p.reply_to,
+        headers=p.headers,
+        created_at=now,
+    )
 
 
 def _existing(using: str, key: str, recipients: list[str]) -> dict[str, Delivery]:

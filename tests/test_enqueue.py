@@ -281,6 +281,32 @@ def test_ten_thousand_recipients_in_few_queries(django_assert_max_num_queries, q
     assert queue.queued_count() == 10_000
 
 
+def test_returned_deliveries_match_their_rows(django_assert_num_queries, queue):
+    """The instances returned are the rows as written, their email at hand."""
+    recipients = ["a@example.com", "Bob <b@example.com>", "c@example.com"]
+    deliveries = enqueue_email(
+        "Hello", "Body", "shop@example.com", recipients, reply_to=["r@example.com"]
+    )
+    with django_assert_num_queries(0):
+        assert [d.email.subject for d in deliveries] == ["Hello"] * 3
+        assert deliveries[0].email.reply_to == ["r@example.com"]
+    fields = [f.attname for f in Delivery._meta.concrete_fields]
+    for delivery in deliveries:
+        row = Delivery.objects.get(pk=delivery.pk)
+        assert {f: getattr(delivery, f) for f in fields} == {f: getattr(row, f) for f in fields}
+        assert not delivery._state.adding
+    assert [d.recipient for d in deliveries] == recipients
+    assert Email.objects.get().headers == {}
+
+
+def test_one_recipient_call_is_one_statement_on_postgresql(django_assert_num_queries):
+    if connection.vendor != "postgresql":
+        pytest.skip("PostgreSQL only: elsewhere the email and its deliveries are two INSERTs")
+    with django_assert_num_queries(1):
+        enqueue_email("s", "b", None, ["a@example.com"])
+    assert Delivery.objects.get().email.subject == "s"
+
+
 def test_max_attempts_setting_and_override(settings):
     settings.OUTBOX = {**settings.OUTBOX, "MAX_ATTEMPTS": 9}
     assert enqueue_email("s", "b", None, ["a@example.com"])[0].max_attempts == 9
