@@ -212,7 +212,17 @@ def test_watch_refreshes_until_ctrl_c(as_json):
     if as_json:
         args.append("--json")
     with tempfile.TemporaryFile() as out:
-        proc = subprocess.Popen(args, cwd=ROOT, env=subprocess_env(), stdout=out, stderr=out)
+        # A shell runs background jobs with SIGINT ignored, and a child inherits
+        # that; Python then never raises KeyboardInterrupt. Ctrl-C is what is
+        # tested, so give the child the default disposition.
+        proc = subprocess.Popen(
+            args,
+            cwd=ROOT,
+            env=subprocess_env(),
+            stdout=out,
+            stderr=out,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
         try:
 
             def refreshes() -> int:
