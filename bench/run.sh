@@ -2,7 +2,7 @@
 # The benchmark of issue 6: django-email-outbox against django-post-office and
 # django-mailer, on one machine and one database server, in one run.
 #
-#   bench/run.sh                 # full run (PostgreSQL and SQLite), ~15 minutes on 2 cores
+#   bench/run.sh                 # full run (PostgreSQL and SQLite), ~10 minutes on 2 cores
 #   bench/run.sh --quick         # smoke version: small sizes, one repeat
 #   bench/run.sh --db postgres --repeat 3
 #

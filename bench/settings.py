@@ -59,9 +59,16 @@ else:
         }
     }
 
-# Django's default (0: a connection per request; for a worker, per
-# close_old_connections() call). BENCH_CONN_MAX_AGE measures persistent ones.
-DATABASES["default"]["CONN_MAX_AGE"] = int(os.environ.get("BENCH_CONN_MAX_AGE", "0"))
+# Django's default. The outbox worker keeps one connection per thread anyway.
+DATABASES["default"]["CONN_MAX_AGE"] = 0
+_PG = DATABASES["default"]["ENGINE"].endswith("postgresql")
+if os.environ.get("BENCH_PREPARE_THRESHOLD") and _PG:
+    # Django's switch for psycopg's prepared statements (off by default, for
+    # transaction-pooling PgBouncer). Only server-binding cursors use it: the
+    # outbox's two one-statement hot paths; nothing of post_office or mailer.
+    DATABASES["default"].setdefault("OPTIONS", {})["prepare_threshold"] = int(
+        os.environ["BENCH_PREPARE_THRESHOLD"]
+    )
 
 CACHES = {
     "default": {
