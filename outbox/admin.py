@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
 from django.contrib.auth import get_permission_codename
 from django.core.paginator import Paginator
 from django.db import connections
@@ -202,24 +203,7 @@ class DeliveryAdmin(admin.ModelAdmin):
         ),
         (_("Record"), {"fields": ("idempotency_key", "created_at", "updated_at")}),
     )
-    readonly_fields = (
-        "recipient",
-        "email",
-        "message_id",
-        "status_display",
-        "priority",
-        "attempts",
-        "max_attempts",
-        "not_before",
-        "worker_id",
-        "claim_token",
-        "processing_started_at",
-        "sent_at",
-        "last_error",
-        "idempotency_key",
-        "created_at",
-        "updated_at",
-    )
+    readonly_fields = tuple(flatten_fieldsets(fieldsets))
     inlines = (AttemptInline,)
 
     # -- columns

@@ -28,6 +28,7 @@ matches the claim token, so a late worker can never overwrite another attempt.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -619,14 +620,6 @@ class Worker:
         delay = backoff_delay(delivery.attempts, base, cap)
         return Settlement(started, Outcome.RETRY, error, timezone.now() + timedelta(seconds=delay))
 
-    def _finish_sent(self, started: Started) -> None:
-        """Write a success on its own (tests and tools; the loop shares commits)."""
-        self._settle_alone(Settlement(started, Outcome.SENT), [])
-
-    def _finish_failed(self, started: Started, exc: BaseException) -> None:
-        """Write a failure on its own (tests and tools; the loop shares commits)."""
-        self._settle_alone(self._failure(started, exc), [])
-
     def _write_outcome(self, s: Settlement) -> int:
         """Step 4, inside the caller's transaction: one UPDATE matching the claim token.
 
@@ -806,16 +799,21 @@ class Worker:
 # each claim would then scan every queued row, and a burst of n emails would
 # cost O(n^2).
 
-_CLAIM_SQL = """
-UPDATE {delivery} SET status = %s, worker_id = %s, claim_token = %s,
-    processing_started_at = %s, updated_at = %s, attempts = attempts + 1
-WHERE id = %s AND (status = %s) IS TRUE AND not_before <= %s
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
+# Step 4 for a success and step 2, with named parameters (``_params``); used
+# alone, and together in the PostgreSQL step statement below.
+_SENT_SQL = """
+UPDATE {delivery} SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
+    last_error = ''
+WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
+    AND claim_token = %(settle_token)s
 """
 
-_SENT_SQL = """
-UPDATE {delivery} SET status = %s, sent_at = %s, updated_at = %s, last_error = ''
-WHERE id = %s AND (status = %s) IS TRUE AND claim_token = %s
+_CLAIM_SQL = """
+UPDATE {delivery} SET status = %(processing)s, worker_id = %(worker)s,
+    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
+    attempts = attempts + 1
+WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= %(now)s
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
 """
 
 # PostgreSQL: the success of the previous message (if any), the claim of the
@@ -823,20 +821,12 @@ WHERE id = %s AND (status = %s) IS TRUE AND claim_token = %s
 # autocommit is its own transaction, so both UPDATEs commit together or not at
 # all. They touch different rows; a CTE's RETURNING is all the SELECT reads.
 # The email's content is skipped when the worker has it cached (%(known)s).
-_STEP_SQL_POSTGRESQL = """
-WITH settled AS (
-    UPDATE {delivery} SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
-        last_error = ''
-    WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
-        AND claim_token = %(settle_token)s
-    RETURNING id
-), claimed AS (
-    UPDATE {delivery} SET status = %(processing)s, worker_id = %(worker)s,
-        claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-        attempts = attempts + 1
-    WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= %(now)s
-    RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
-)
+_STEP_SQL_POSTGRESQL = (
+    "WITH settled AS ("
+    + _SENT_SQL
+    + "RETURNING id\n), claimed AS ("
+    + _CLAIM_SQL
+    + """)
 SELECT (SELECT count(*) FROM settled),
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
     e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
@@ -845,11 +835,12 @@ FROM (VALUES (1)) AS one
 LEFT JOIN claimed c ON true
 LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
 """
+)
 
 _EMAIL_SQL = """
-SELECT subject, body, html_message, from_email, reply_to, headers,
-    EXISTS (SELECT 1 FROM {attachment} WHERE email_id = %s)
-FROM {email} WHERE id = %s
+SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
+FROM {email} e WHERE e.id = %s
 """
 
 
@@ -860,17 +851,44 @@ class _ClaimedRow(NamedTuple):
 
 
 def _sql(template: str) -> str:
+    return _sql_for_vendor(template, connection.vendor)
+
+
+@functools.cache
+def _sql_for_vendor(template: str, vendor: str) -> str:
+    # Formatted once per statement, not once per email.
     quote = connection.ops.quote_name
     return template.format(
         delivery=quote(Delivery._meta.db_table),
         email=quote(Email._meta.db_table),
         attachment=quote(Attachment._meta.db_table),
-        attempt=quote(Attempt._meta.db_table),
     )
 
 
-def _token_db(token: uuid.UUID | None) -> Any:
-    return Delivery._meta.get_field("claim_token").get_db_prep_value(token, connection)
+def _params(
+    now: datetime,
+    *,
+    settle_id: int | None = None,
+    settle_token: uuid.UUID | None = None,
+    claim_id: int | None = None,
+    worker: str = "",
+    token: uuid.UUID | None = None,
+    known: int = 0,
+) -> dict[str, Any]:
+    """The named parameters of the statements above, adapted for this database."""
+    claim_token = Delivery._meta.get_field("claim_token")
+    return {
+        "sent": Status.SENT,
+        "processing": Status.PROCESSING,
+        "queued": Status.QUEUED,
+        "now": connection.ops.adapt_datetimefield_value(now),
+        "settle_id": settle_id,
+        "settle_token": claim_token.get_db_prep_value(settle_token, connection),
+        "claim_id": claim_id,
+        "worker": worker,
+        "token": claim_token.get_db_prep_value(token, connection),
+        "known": known,
+    }
 
 
 def _delivery(
@@ -912,12 +930,8 @@ def _claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> _Cla
     Returns the claimed row (the fields the worker needs), or None if the row
     was not queued and due.
     """
-    when = connection.ops.adapt_datetimefield_value(now)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _sql(_CLAIM_SQL),
-            [Status.PROCESSING, worker_id, _token_db(token), when, when, pk, Status.QUEUED, when],
-        )
+        cursor.execute(_sql(_CLAIM_SQL), _params(now, claim_id=pk, worker=worker_id, token=token))
         row = cursor.fetchone()
     if row is None:
         return None
@@ -940,18 +954,15 @@ def _step_postgresql(
     with binding_cursor(connection) as cursor:
         cursor.execute(
             _sql(_STEP_SQL_POSTGRESQL),
-            {
-                "sent": Status.SENT,
-                "processing": Status.PROCESSING,
-                "queued": Status.QUEUED,
-                "now": now,
-                "settle_id": settlement.delivery.pk if settlement is not None else None,
-                "settle_token": settlement.started.token if settlement is not None else None,
-                "worker": worker_id,
-                "token": token,
-                "claim_id": claim_id,
-                "known": known_email,
-            },
+            _params(
+                now,
+                settle_id=settlement.delivery.pk if settlement is not None else None,
+                settle_token=settlement.started.token if settlement is not None else None,
+                claim_id=claim_id,
+                worker=worker_id,
+                token=token,
+                known=known_email,
+            ),
         )
         row = cursor.fetchone()
     assert row is not None  # the SELECT always returns its one row
@@ -965,19 +976,15 @@ def _step_postgresql(
 
 
 def _mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
-    when = connection.ops.adapt_datetimefield_value(now)
     with connection.cursor() as cursor:
-        cursor.execute(
-            _sql(_SENT_SQL),
-            [Status.SENT, when, when, pk, Status.PROCESSING, _token_db(token)],
-        )
+        cursor.execute(_sql(_SENT_SQL), _params(now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
 def _load_email(email_id: int) -> tuple[Email, bool]:
     """The email's content and whether it has attachments, in one query."""
     with connection.cursor() as cursor:
-        cursor.execute(_sql(_EMAIL_SQL), [email_id, email_id])
+        cursor.execute(_sql(_EMAIL_SQL), [email_id])
         row = cursor.fetchone()
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")

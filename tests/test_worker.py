@@ -183,7 +183,7 @@ def test_early_id_is_put_back_in_schedule(outbox_mail, queue):
 
 
 def test_stale_worker_cannot_overwrite_another_attempts_outcome():
-    from outbox.worker import Started
+    from outbox.worker import Settlement, Started
 
     delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
     # Attempt 1 by a worker that then stalls; the row is given to attempt 2.
@@ -194,8 +194,8 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
     worker = Worker(burst=True)
     row = Delivery.objects.get(pk=delivery.pk)
     stale = Started(row, row.email, [], old_token, 0.0, worker.generation)
-    worker._finish_sent(stale)
-    worker._finish_failed(stale, OSError("late"))
+    worker._settle_alone(Settlement(stale, Attempt.Outcome.SENT), [])
+    worker._settle_alone(worker._failure(stale, OSError("late")), [])
     row.refresh_from_db()
     assert row.status == Status.PROCESSING and row.claim_token == new_token
     assert row.last_error == ""
