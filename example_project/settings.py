@@ -55,7 +55,7 @@ TEMPLATES = [
 DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
-        "NAME": os.environ.get("EXAMPLE_DB_PATH", str(BASE_DIR.parent / "example.sqlite3")),
+        "NAME": os.environ.get("EXAMPLE_DB_PATH", str(BASE_DIR / "example.sqlite3")),
         "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 20},
     }
 }
@@ -70,7 +70,7 @@ CACHES = {
 OUTBOX = {"REDIS_CACHE": "default"}
 
 # The worker writes each delivered message to a file here, for you to read.
-EXAMPLE_MAIL_DIR = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR.parent / "sent_mail"))
+EXAMPLE_MAIL_DIR = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR / "sent_mail"))
 
 # Mail the project sends with Django's API (send_mail, password reset, error
 # reports to ADMINS) goes into the outbox too; the worker delivers through the

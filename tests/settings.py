@@ -1,10 +1,15 @@
 """Settings for the test suite.
 
-The test command (scripts/test.sh) starts redis-server and PostgreSQL on
-loopback and passes their addresses in the environment:
+The test command (tests/run.sh) starts redis-server and PostgreSQL on
+loopback and passes their addresses in the environment. It runs its cells in
+parallel, so each cell has its own redis-server, SQLite folder and PostgreSQL
+database names:
 
 - OUTBOX_TEST_DB: "sqlite" (default) or "postgres"
 - OUTBOX_TEST_PG_HOST / OUTBOX_TEST_PG_PORT / OUTBOX_TEST_PG_USER
+- OUTBOX_TEST_PG_NAME: the database name (default "outbox"; the test database is
+  "test_<name>")
+- OUTBOX_TEST_SQLITE_DIR: the folder of the SQLite databases
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
@@ -62,14 +67,15 @@ TEMPLATES = [
 _db = os.environ.get("OUTBOX_TEST_DB", "sqlite")
 _name_override = os.environ.get("OUTBOX_TEST_DB_NAME")
 if _db == "postgres":
+    _pg_name = os.environ.get("OUTBOX_TEST_PG_NAME", "outbox")
     DATABASES = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
-            "NAME": _name_override or "outbox",
+            "NAME": _name_override or _pg_name,
             "USER": os.environ.get("OUTBOX_TEST_PG_USER", "postgres"),
             "HOST": os.environ.get("OUTBOX_TEST_PG_HOST", "127.0.0.1"),
             "PORT": os.environ.get("OUTBOX_TEST_PG_PORT", "5432"),
-            "TEST": {"NAME": "test_outbox"},
+            "TEST": {"NAME": f"test_{_pg_name}"},
         }
     }
     if os.environ.get("OUTBOX_TEST_PG_PREPARE_THRESHOLD"):

@@ -2,10 +2,11 @@
 
 Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
 "Mark as sent (confirmed in the mail logs)" and read the message. Screenshots
-of the list and of one delivery go to ``artifacts/``; with
-``OUTBOX_UPDATE_DOCS_IMAGES=1`` they are also copied to ``docs/images/``.
+of the list and of one delivery go to ``tests/artifacts/``; with
+``OUTBOX_UPDATE_SCREENSHOTS=1`` they are also copied to ``example_project/screenshots/``
+(the README shows them).
 
-Uses Debian's ``chromium`` and ``chromium-driver`` (scripts/test.sh installs
+Uses Debian's ``chromium`` and ``chromium-driver`` (tests/run.sh installs
 them); Selenium is given the driver's path, so it never downloads one.
 """
 
@@ -38,8 +39,8 @@ from outbox.models import Attempt, Delivery
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parent.parent
-ARTIFACTS = ROOT / "artifacts"
-DOCS_IMAGES = ROOT / "docs" / "images"
+ARTIFACTS = ROOT / "tests" / "artifacts"
+DOCS_IMAGES = ROOT / "example_project" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 WORKER = "mailhost:4242:worker-1"
@@ -119,7 +120,7 @@ def click_and_load(driver: WebDriver, element) -> None:
 
 
 def screenshot(driver: WebDriver, name: str, docs_name: str) -> Path:
-    """Save the whole page (not just the window) to artifacts/, and to docs/images/ if asked."""
+    """Save the whole page (not just the window) to tests/artifacts/, and to example_project/screenshots/ if asked."""
     width, height = driver.get_window_size()["width"], driver.get_window_size()["height"]
     page_height = driver.execute_script(
         "return Math.max(document.body.scrollHeight, document.documentElement.scrollHeight)"
@@ -131,7 +132,7 @@ def screenshot(driver: WebDriver, name: str, docs_name: str) -> Path:
         assert driver.save_screenshot(str(path)), f"could not save {path}"
     finally:
         driver.set_window_size(width, height)
-    if os.environ.get("OUTBOX_UPDATE_DOCS_IMAGES") == "1":
+    if os.environ.get("OUTBOX_UPDATE_SCREENSHOTS") == "1":
         DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(path, DOCS_IMAGES / docs_name)
     return path

@@ -207,9 +207,11 @@ def test_e008_on_61_without_mailers(settings):
 
 
 @pytest.mark.parametrize("module", ["tests.settings", "example_project.settings"])
-def test_django_check_starts_without_warnings(module):
+def test_django_check_starts_without_warnings(module, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
     env["DJANGO_SETTINGS_MODULE"] = module
+    # The example's database is a file; without this it would be example.sqlite3 at the top.
+    env["EXAMPLE_DB_PATH"] = str(tmp_path / "example.sqlite3")
     result = subprocess.run(
         [sys.executable, "-W", "error", "-m", "django", "check"],
         cwd=ROOT,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -37,9 +38,24 @@ print("ok", outbox.__version__)
 """
 
 
+def copy_of_the_source(tmp_path: Path) -> Path:
+    """What the wheel is built from, outside the checkout.
+
+    Building in the checkout would leave build/ and *.egg-info there, and two
+    cells of the test command (which run in parallel) would share them.
+    """
+    src = tmp_path / "src"
+    src.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    shutil.copytree(ROOT / "outbox", src / "outbox", ignore=shutil.ignore_patterns("__pycache__"))
+    return src
+
+
 def test_wheel_contains_the_app_and_installs(tmp_path):
+    src = copy_of_the_source(tmp_path)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(src)],
         check=True,
         capture_output=True,
     )

@@ -1,8 +1,11 @@
-# Shared by scripts/test.sh, scripts/example.sh, chaos and bench scripts: find
-# Python, make virtual environments, install and start redis-server and
-# PostgreSQL on loopback, and stop what was started, by pid.
+# Shell helpers shared by tests/run.sh (the test command), example_project/run.sh,
+# tests/chaos/run.sh and tests/benchmark/run.sh: find Python, make virtual
+# environments quietly, install redis-server, PostgreSQL, Chromium and faketime
+# with apt-get when missing, start servers on 127.0.0.1 and free ports, and stop
+# what was started, by pid (never by name).
 # shellcheck shell=bash
 
+# This file is tests/lib.sh: the repository is its parent's parent.
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STARTED_PIDS=()
 CLEANUP_DIRS=()
@@ -38,20 +41,51 @@ ensure_venv() {
     return 0
   fi
   log "preparing $dir ($("$python" --version 2>&1), $extras $*)"
-  [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"
-  "$dir/bin/python" -m pip install -q --upgrade pip >/dev/null
-  "$dir/bin/python" -m pip install -q -e "$ROOT[$extras]" "$@"
+  # pip and the build backend are chatty (notices, deprecation warnings of build
+  # dependencies): their output goes to a log that is shown only if a step fails.
+  local out
+  out="$(mktemp)"
+  if ! { { [ -x "$dir/bin/python" ] || "$python" -m venv "$dir"; } \
+         && PIP_DISABLE_PIP_VERSION_CHECK=1 "$dir/bin/python" -m pip install -q --upgrade pip \
+         && PIP_DISABLE_PIP_VERSION_CHECK=1 "$dir/bin/python" -m pip install -q \
+              -e "$ROOT[$extras]" "$@"; } >"$out" 2>&1; then
+    cat "$out" >&2
+    rm -f "$out"
+    echo "could not prepare $dir (output above)" >&2
+    return 1
+  fi
+  rm -f "$out"
   echo "$want" >"$stamp"
 }
 
+# apt_install PACKAGE...: quiet unless it fails.
 apt_install() {
   log "installing $* with apt-get"
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq
-  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  local out
+  out="$(mktemp)"
+  if ! { as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+         && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@"; } >"$out" 2>&1; then
+    cat "$out" >&2
+    rm -f "$out"
+    return 1
+  fi
+  rm -f "$out"
 }
 
 ensure_redis_server() {
   command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+}
+
+# faketime (Debian package faketime): tests that move a worker's clock need it.
+ensure_faketime() {
+  command -v faketime >/dev/null 2>&1 || apt_install faketime
+}
+
+# Chromium and its driver, for the admin's browser test (skipped without them).
+ensure_chromium() {
+  { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
+    || apt_install chromium chromium-driver \
+    || log "no browser could be installed; the browser test will be skipped"
 }
 
 free_port() {

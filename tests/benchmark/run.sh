@@ -2,18 +2,18 @@
 # The benchmark of issue 6: django-email-outbox against django-post-office and
 # django-mailer, on one machine and one database server, in one run.
 #
-#   bench/run.sh                 # full run (PostgreSQL and SQLite), ~10 minutes on 2 cores
-#   bench/run.sh --quick         # smoke version: small sizes, one repeat
-#   bench/run.sh --db postgres --repeat 3
+#   tests/benchmark/run.sh                 # full run (PostgreSQL and SQLite), ~10 minutes on 2 cores
+#   tests/benchmark/run.sh --quick         # smoke version: small sizes, one repeat
+#   tests/benchmark/run.sh --db postgres --repeat 3
 #
-# Every argument goes to bench/bench.py (see `bench/run.sh --help`). It makes its
+# Every argument goes to tests/benchmark/run.py (see `tests/benchmark/run.sh --help`). It makes its
 # own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on
 # loopback (fsync and synchronous_commit ON: commits are durable, as in
-# production), and stops them by pid at exit. Results: bench/results/latest.md.
+# production), and stops them by pid at exit. Results: tests/benchmark/results/latest.md.
 set -euo pipefail
 
-# shellcheck source=../scripts/lib.sh
-source "$(dirname "${BASH_SOURCE[0]}")/../scripts/lib.sh"
+# shellcheck source=../lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 
 trap stop_started EXIT
 trap 'exit 130' INT TERM
@@ -40,4 +40,4 @@ export BENCH_TMP
 export PYTHONUNBUFFERED=1
 
 cd "$ROOT"
-"$ROOT/.venv-bench/bin/python" "$ROOT/bench/bench.py" "$@"
+"$ROOT/.venv-bench/bin/python" -m tests.benchmark.run "$@"

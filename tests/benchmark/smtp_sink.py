@@ -1,6 +1,6 @@
 """A loopback SMTP server that waits before answering each message, then accepts it.
 
-    python bench/smtp_sink.py PORT DELAY_SECONDS
+    python tests/benchmark/smtp_sink.py PORT DELAY_SECONDS
 
 Runs until SIGTERM/SIGINT. It counts accepted messages and prints the count on
 exit; it does not parse them, so that the server's own cost stays small.

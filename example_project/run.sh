@@ -1,19 +1,26 @@
 #!/usr/bin/env bash
-# The example, end to end on SQLite: enqueue in a transaction, look at the rows
-# and at Redis, deliver with a burst worker into files, look again.
+# The example command: the example project end to end on SQLite. Enqueue in a
+# transaction, look at the rows and at Redis, deliver with a burst worker into
+# files (example_project/sent_mail/), look again.
+#
+#   example_project/run.sh
+#
+# Makes .venv if needed, starts a private redis-server on 127.0.0.1 and a free
+# port (installed with apt-get when missing), and stops it by pid at exit.
 set -euo pipefail
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../tests/lib.sh"
 cd "$ROOT"
 trap stop_started EXIT
 
-ensure_venv .venv "$(find_python 3.11)" dev "django>=5.2,<5.3"
+PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
+ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
 start_redis
 export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 work="$(mktemp -d)"
 CLEANUP_DIRS+=("$work")
 export DJANGO_SETTINGS_MODULE=example_project.settings
 export EXAMPLE_DB_PATH="$work/example.sqlite3"
-export EXAMPLE_MAIL_DIR="$ROOT/sent_mail"
+export EXAMPLE_MAIL_DIR="$ROOT/example_project/sent_mail"
 rm -rf "$EXAMPLE_MAIL_DIR"
 PY=.venv/bin/python
 

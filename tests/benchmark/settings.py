@@ -1,4 +1,4 @@
-"""Django settings of the benchmark project (bench/run.sh sets the environment).
+"""Django settings of the benchmark project (tests/benchmark/run.sh sets the environment).
 
 - BENCH_DB: "postgres" or "sqlite"; BENCH_PG_HOST / BENCH_PG_PORT / BENCH_PG_USER;
   BENCH_SQLITE_PATH for SQLite (a file, WAL journal, synchronous=FULL).

@@ -1,0 +1,118 @@
+"""The chaos run's configuration, constants and the counts every result carries.
+
+``Config`` is what the command line (``run.py``) builds and the child process
+(``child.py``) receives as JSON; ``COUNT_KEYS`` are the counts ``analysis.py``
+always reports; ``HarnessError`` is a chaos step that could not be carried out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent.parent
+
+RESULTS_DIR = ROOT / "tests" / "chaos" / "results"
+POLICIES = ("review", "requeue")
+LIVE = ("queued", "processing")
+TERMINAL = ("sent", "failed", "abandoned", "cancelled")
+
+
+# Every count of the result (present, 0 when nothing happened).
+COUNT_KEYS = (
+    "enqueued",
+    "rolled back",
+    "rows",
+    "delivered once",
+    "delivered twice or more",
+    "extra copies",
+    "unexplained duplicates",
+    "lost",
+    "not terminal",
+    "sent without receipt",
+    "unknown receipts",
+    "rolled-back arrived",
+    "misaddressed",
+    "sent",
+    "failed",
+    "failed permanent",
+    "failed but arrived",
+    "failed arrived unexplained",
+    "abandoned",
+    "abandoned arrived",
+    "abandoned not arrived",
+    "cancelled",
+    "queued",
+    "processing",
+    "permanent recipient arrived",
+    "window hits",
+    "sweeper acted on undisturbed worker",
+    "refusals confirmed",
+    "restart rows",
+    "restart rows not settled by the sweeper",
+    "skew delivered",
+    "skew problems",
+    "stalls played",
+    "cuts played",
+    "ambiguous rows",
+    "stall/cut rows not as documented",
+    "in-doubt retries",
+)
+
+
+class HarnessError(Exception):
+    """A chaos step could not be carried out (not by itself a product bug)."""
+
+
+# -- configuration -----------------------------------------------------------------
+
+
+@dataclass
+class Config:
+    policy: str = "review"
+    deliveries: int = 5000
+    workers: int = 4
+    concurrency: list[int] = field(default_factory=lambda: [1, 2, 4])
+    seed: int = 1
+    db: str = "postgres"
+    time_limit: float = 300.0  # seconds the drain may take
+    random_kills: int = 4  # SIGKILL at a random moment, replaced
+    stops: int = 2  # SIGSTOP past the heartbeat timeout, then SIGCONT
+    window_kills: int = 3  # SIGKILL right after the SMTP server accepted
+    db_refusals: int = 2  # "mark sent" refused: backends terminated (PostgreSQL)
+    redis_wipes: int = 1
+    restarts: int = 2  # SIGKILL mid-send, restart at once under the same --worker-id
+    skews: int = 1  # a worker whose clock is 90 s behind (faketime)
+    stalls: int = 2  # the SMTP server never answers DATA's final dot
+    cuts: int = 2  # the SMTP server records the message, then cuts the connection
+    rollback_fraction: float = 0.1
+    transient_fraction: float = 0.05  # flaky recipients: 451 on their first 1-2 tries
+    permanent_fraction: float = 0.01  # recipients refused with 550
+    smtp_delay: float = 0.01  # mean seconds before the server answers DATA
+    batches: int = 0  # enqueue transactions groups; 0: automatic
+    heartbeat_timeout: float = 3.0
+    heartbeat_interval: float = 0.5
+    send_timeout: float = 3.0  # OUTBOX["SEND_TIMEOUT"] of the workers
+    skew_seconds: float = -90.0  # the skewed worker's clock offset
+    results_dir: str = str(RESULTS_DIR)
+    keep_db: bool = False
+
+    def events(self) -> int:
+        return sum(self.schedule_counts().values())
+
+    def schedule_counts(self) -> dict[str, int]:
+        """How many times each fault of the schedule is played (by its name in faults/)."""
+        return {
+            "kill": self.random_kills,
+            "stop": self.stops,
+            "window": self.window_kills,
+            "refuse": self.db_refusals,
+            "redis": self.redis_wipes,
+            "restart": self.restarts,
+            "skew": self.skews,
+            "stall": self.stalls,
+            "cut": self.cuts,
+        }
+
+
+# -- the parent: one child process per policy --------------------------------------------

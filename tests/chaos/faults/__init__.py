@@ -1,0 +1,36 @@
+"""The faults of the chaos run, one module each, by their name in the schedule.
+
+Each fault is a function of the running ``Child``; it raises ``HarnessError``
+when it cannot be carried out (which the run reports as a violation).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from tests.chaos.faults.cut import cut_after_data
+from tests.chaos.faults.db_refusal import db_refusal
+from tests.chaos.faults.kill import random_kill
+from tests.chaos.faults.redis_wipe import redis_wipe
+from tests.chaos.faults.restart import restart_same_id
+from tests.chaos.faults.send_window import window_kill
+from tests.chaos.faults.skew import skewed_worker
+from tests.chaos.faults.stall import stall_after_data
+from tests.chaos.faults.stop import stop_past_timeout
+
+if TYPE_CHECKING:
+    from tests.chaos.child import Child
+
+# Schedule name -> fault.
+FAULTS: dict[str, Callable[[Child], None]] = {
+    "kill": random_kill,
+    "stop": stop_past_timeout,
+    "window": window_kill,
+    "refuse": db_refusal,
+    "redis": redis_wipe,
+    "restart": restart_same_id,
+    "skew": skewed_worker,
+    "stall": stall_after_data,
+    "cut": cut_after_data,
+}
