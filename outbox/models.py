@@ -18,6 +18,11 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+# Worker ids on rows and in the attempt log. The ``outbox_worker`` command
+# accepts ids of up to 200 characters; the worker may append an incarnation
+# suffix (``#`` and 12 hex digits), so the columns leave room for it.
+WORKER_ID_MAX_LENGTH = 255
+
 
 class Email(models.Model):
     """The content of one ``enqueue_email`` call, shared by all its deliveries."""
@@ -129,7 +134,9 @@ class Delivery(models.Model):
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
     not_before = models.DateTimeField(_("not before"), default=timezone.now)
-    worker_id = models.CharField(_("worker"), max_length=200, blank=True, default="")
+    worker_id = models.CharField(
+        _("worker"), max_length=WORKER_ID_MAX_LENGTH, blank=True, default=""
+    )
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
     processing_started_at = models.DateTimeField(_("processing started"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
@@ -192,11 +199,14 @@ class Attempt(models.Model):
     """One try at delivering a :class:`Delivery`, or an operator's decision on it."""
 
     class Outcome(models.TextChoices):
-        IN_PROGRESS = "in_progress", _("in progress")
         SENT = "sent", _("sent")
         RETRY = "retry", _("will retry")
         FAILED = "failed", _("failed")
         ABANDONED = "abandoned", _("abandoned (worker went away)")
+        # The connection was cut or timed out after the message body was
+        # handed over: the server may have the message. Handled like a crash
+        # in the send window (abandoned under "review", retried under "requeue").
+        AMBIGUOUS = "ambiguous", _("in doubt")
         REQUEUED = "requeued", _("requeued")
         RELEASED = "released", _("released unsent")
         MARKED_SENT = "marked_sent", _("marked sent by operator")
@@ -207,16 +217,22 @@ class Attempt(models.Model):
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", verbose_name=_("delivery")
     )
     number = models.PositiveIntegerField(_("attempt number"))
-    worker_id = models.CharField(_("worker"), max_length=200, blank=True, default="")
+    worker_id = models.CharField(
+        _("worker"), max_length=WORKER_ID_MAX_LENGTH, blank=True, default=""
+    )
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
     started_at = models.DateTimeField(_("started"), default=timezone.now)
     finished_at = models.DateTimeField(_("finished"), null=True, blank=True)
-    outcome = models.CharField(
-        _("outcome"), max_length=16, choices=Outcome.choices, default=Outcome.IN_PROGRESS
-    )
+    # No default: every Attempt is written once its outcome is known.
+    outcome = models.CharField(_("outcome"), max_length=16, choices=Outcome.choices)
     error = models.TextField(_("error"), blank=True, default="")
+    # A worker id, "sweeper" or "admin:<username>" (usernames are up to 150).
     actor = models.CharField(
-        _("by"), max_length=150, blank=True, default="", help_text=_("worker, sweeper or user")
+        _("by"),
+        max_length=WORKER_ID_MAX_LENGTH,
+        blank=True,
+        default="",
+        help_text=_("worker, sweeper or user"),
     )
 
     class Meta:

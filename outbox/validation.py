@@ -92,39 +92,71 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
     """Return ``(formatted, bare address)`` for one address, or raise.
 
     Accepts ``"user@example.com"`` and ``"Name <user@example.com>"``; exactly
-    one address per string.
+    one address per string. The error says which of three things is wrong:
+    the string is empty, it holds several addresses, or it is not an address.
     """
     require_type(field, value, str, "a string")
     value = value.strip()
     if not value:
-        raise field_error(field, _("An address may not be empty."), code="required")
+        raise field_error(
+            field, _("An address in %(field)s is empty.") % {"field": field}, code="required"
+        )
     check_text(field, value, single_line=True)
     if len(value) > MAX_ADDRESS_LENGTH:
-        raise field_error(field, _("The address %(value)s is too long.") % {"value": value[:60]})
+        raise _too_long(field, value)
     if _BARE_ADDRESS.match(value):
         # The common case: nothing for getaddresses() to parse (and it is the
         # slowest step when a call has 10,000 recipients).
         name, address = "", value
     else:
         parsed = getaddresses([value])
-        if len(parsed) != 1 or not parsed[0][1]:
+        if sum(1 for _name, found in parsed if _LOOKS_LIKE_ADDRESS.match(found)) > 1:
             raise field_error(
-                field, _("%(value)r is not one valid email address.") % {"value": value}
+                field,
+                _("%(field)s takes one address per string, and %(value)r holds several.")
+                % {"field": field, "value": value},
+                code="multiple",
             )
+        if len(parsed) != 1 or not parsed[0][1]:
+            raise _not_an_address(field, value)
         name, address = parsed[0]
     try:
         validate_email(address)
     except ValidationError:
-        raise field_error(
-            field, _("%(value)r is not a valid email address.") % {"value": value}
-        ) from None
+        raise _not_an_address(field, value) from None
     if "<" in value and "<" + address + ">" not in value.replace(" ", ""):
         # getaddresses() is lenient; make sure the bracketed part is what it parsed.
-        raise field_error(field, _("%(value)r is not a valid email address.") % {"value": value})
+        raise _not_an_address(field, value)
     formatted = formataddr((name, address)) if name else address
     if len(formatted) > MAX_ADDRESS_LENGTH:
-        raise field_error(field, _("The address %(value)s is too long.") % {"value": value[:60]})
+        raise _too_long(field, value)
     return formatted, address
+
+
+# Something with one "@" between non-empty parts: counted to tell "several
+# addresses in one string" from a single malformed one (such as "bad@@x").
+_LOOKS_LIKE_ADDRESS = re.compile(r"[^@\s]+@[^@\s]+\Z")
+
+
+def _not_an_address(field: str, value: str) -> ValidationError:
+    return field_error(
+        field,
+        _("%(value)r in %(field)s is not a valid email address.")
+        % {"field": field, "value": value},
+    )
+
+
+def _too_long(field: str, value: str) -> ValidationError:
+    return field_error(
+        field,
+        _("The address %(value)s in %(field)s is longer than %(limit)d characters.")
+        % {
+            "field": field,
+            "value": value if len(value) <= 60 else value[:60] + "...",
+            "limit": MAX_ADDRESS_LENGTH,
+        },
+        code="max_length",
+    )
 
 
 def normalize_address_list(field: str, values: Any) -> list[str]:

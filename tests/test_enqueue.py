@@ -199,6 +199,69 @@ def test_bad_input_raises_validation_error_and_writes_nothing(kwargs, field, que
 
 
 @pytest.mark.parametrize(
+    ("field", "value", "code", "message"),
+    [
+        ("recipient_list", "bad@@x", "invalid", "'bad@@x' in recipient_list is not a valid"),
+        ("recipient_list", "not-an-address", "invalid", "is not a valid email address"),
+        ("recipient_list", "Bob <b@example.com", "invalid", "is not a valid email address"),
+        ("recipient_list", "   ", "required", "An address in recipient_list is empty."),
+        (
+            "recipient_list",
+            "a@example.com, b@example.com",
+            "multiple",
+            "recipient_list takes one address per string, "
+            "and 'a@example.com, b@example.com' holds several.",
+        ),
+        ("recipient_list", "a@x.com; b@y.com", "multiple", "holds several"),
+        ("recipient_list", "A <a@x.com>, B <b@y.com>", "multiple", "holds several"),
+        ("from_email", "a@example.com, b@example.com", "multiple", "from_email takes one"),
+        ("from_email", "bad@@x", "invalid", "'bad@@x' in from_email is not a valid"),
+        ("from_email", "", "required", "An address in from_email is empty."),
+        ("reply_to", "x@" + "a" * 320 + ".com", "max_length", "longer than 320 characters"),
+        ("recipient_list", [], "required", "recipient_list is empty: at least one recipient"),
+    ],
+)
+def test_each_bad_address_gets_its_own_message(field, value, code, message, queue):
+    args = {
+        "subject": "s",
+        "message": "b",
+        "from_email": "shop@example.com",
+        "recipient_list": ["a@example.com"],
+    }
+    args[field] = value if field == "from_email" or isinstance(value, list) else [value]
+    with pytest.raises(ValidationError) as info:
+        enqueue_email(**args)
+    [error] = info.value.error_dict[field]
+    assert error.code == code
+    assert message in error.messages[0]
+    assert Email.objects.count() == 0 and Delivery.objects.count() == 0
+    assert queue.redis.dbsize() == 0
+
+
+@pytest.mark.parametrize(
+    ("value", "translated"),
+    [
+        ("bad@@x", "%(value)r in %(field)s is not a valid email address."),
+        (
+            "a@x.com, b@x.com",
+            "%(field)s takes one address per string, and %(value)r holds several.",
+        ),
+        ("", "An address in %(field)s is empty."),
+    ],
+)
+def test_address_messages_go_through_gettext(value, translated, monkeypatch):
+    from outbox import validation
+
+    seen: list[str] = []
+    monkeypatch.setattr(validation, "_", lambda text: seen.append(text) or f"[{text}]")
+    with pytest.raises(ValidationError) as info:
+        validation.normalize_address("reply_to", value)
+    assert seen == [translated]
+    message = info.value.message_dict["reply_to"][0]
+    assert message.startswith("[") and message.endswith("]") and "reply_to" in message
+
+
+@pytest.mark.parametrize(
     "kwargs",
     [
         {"recipient_list": "a@example.com"},  # a string, not a list

@@ -1,4 +1,8 @@
-"""``manage.py outbox_worker``: deliver outbox mail (see outbox.worker)."""
+"""``manage.py outbox_worker``: deliver outbox mail (see outbox.worker).
+
+Parses and checks the command line, sets up logging and runs one
+:class:`~outbox.worker.Worker` until it stops.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +17,12 @@ from outbox.models import Delivery
 from outbox.worker import Worker
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
+
+# A --worker-id names the worker in Redis keys, on rows and in the attempt log.
+# The columns hold 255 characters: 200 for the id, the rest for the
+# incarnation suffix ("#" and 12 hex digits) the worker may append, which is
+# why "#" is reserved.
+MAX_WORKER_ID_LENGTH = 200
 
 
 class Command(BaseCommand):
@@ -39,7 +49,10 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--worker-id",
-            help="Name in heartbeats and on rows (default: host, pid and a random suffix).",
+            help=(
+                "Name in heartbeats and on rows (default: host, pid and a random suffix): "
+                f"up to {MAX_WORKER_ID_LENGTH} characters, no whitespace and no '#'."
+            ),
         )
         parser.add_argument(
             "--summary-interval",
@@ -54,6 +67,8 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_messages"] is not None and options["max_messages"] < 1:
             raise CommandError("--max-messages must be at least 1")
+        if options["worker_id"] is not None:
+            check_worker_id(options["worker_id"])
         self._configure_logging(options["verbosity"])
         progress = None
         if options["burst"] and self.stdout.isatty():
@@ -81,6 +96,23 @@ class Command(BaseCommand):
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
             )
             logger.addHandler(handler)
+
+
+def check_worker_id(worker_id: str) -> None:
+    """Refuse a ``--worker-id`` that would not fit, or that could be misread."""
+    if not worker_id:
+        raise CommandError("--worker-id must not be empty")
+    if len(worker_id) > MAX_WORKER_ID_LENGTH:
+        raise CommandError(
+            f"--worker-id is {len(worker_id)} characters long; the limit is {MAX_WORKER_ID_LENGTH}"
+        )
+    if any(c.isspace() or not c.isprintable() for c in worker_id):
+        raise CommandError(f"--worker-id {worker_id!r} contains whitespace or a control character")
+    if "#" in worker_id:
+        raise CommandError(
+            f"--worker-id {worker_id!r} contains '#', which is reserved for the "
+            "worker's incarnation suffix"
+        )
 
 
 class _Progress:
