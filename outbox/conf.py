@@ -37,6 +37,11 @@ DEFAULTS: dict[str, Any] = {
     # What the sweeper does with a row that was processing when its worker died:
     # "review" (mark abandoned for a person) or "requeue" (send again).
     "ABANDONED_POLICY": "review",
+    # Seconds the worker's delivery backend may wait on the mail server (each
+    # network wait of Django's SMTP backend, a sendmail child as a whole). It
+    # bounds how long one stalled server holds a sending thread, and so how
+    # long SIGTERM can take; a project's own shorter timeout is kept.
+    "SEND_TIMEOUT": 60.0,
     # Path of the sendmail binary for outbox.backends.SendmailBackend.
     "SENDMAIL_PATH": "/usr/sbin/sendmail",
     # Domain of generated Message-IDs; None: the from address's domain.
@@ -103,6 +108,10 @@ class OutboxSettings:
     @property
     def ABANDONED_POLICY(self) -> str:
         return str(self._get("ABANDONED_POLICY"))
+
+    @property
+    def SEND_TIMEOUT(self) -> float:
+        return float(self._get("SEND_TIMEOUT"))
 
     @property
     def SENDMAIL_PATH(self) -> str:

@@ -3,7 +3,20 @@
 Input errors are :class:`django.core.exceptions.ValidationError`; configuration
 errors subclass :class:`django.core.exceptions.ImproperlyConfigured`; everything
 else the outbox raises derives from :class:`OutboxError`.
+
+A delivery backend, including a third-party one, tells the worker how a send
+failed by raising (or chaining) one of these, importing nothing else::
+
+    from outbox.exceptions import AmbiguousDeliveryError, DeliveryError
+
+    raise DeliveryError("451 mailbox busy")                  # retried with backoff
+    raise DeliveryError("550 no such user", permanent=True)  # failed, never retried
+    raise AmbiguousDeliveryError("no reply after the body")  # in doubt: see below
+
+Any other exception is classified by :func:`outbox.failures.classify`.
 """
+
+from __future__ import annotations
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -26,3 +39,41 @@ class DeliveryError(OutboxError):
     def __init__(self, message: str, *, permanent: bool = False) -> None:
         super().__init__(message)
         self.permanent = permanent
+
+
+class AmbiguousDeliveryError(DeliveryError):
+    """The message was handed over, but whether the server took it is unknown.
+
+    Raise it when the failure happened *after* the whole message left your
+    hands and *before* the server's verdict arrived: the connection dropped or
+    timed out after SMTP's final ``.``, an HTTP API call timed out after the
+    request body was sent, a sendmail child was killed after it had read the
+    message. Do not raise it for a failure that happened before the body was
+    complete (the server cannot have the message: raise :class:`DeliveryError`
+    or let the original error through), nor for a clear refusal (a 4xx or 5xx
+    answer is not in doubt).
+
+    Raising it ``from`` the original error keeps the cause in the attempt log::
+
+        try:
+            response = session.post(url, data=payload, timeout=timeout)
+        except requests.ReadTimeout as exc:
+            raise AmbiguousDeliveryError("no answer from the API", message_id=mid) from exc
+
+    The worker treats such an attempt exactly like a worker that died
+    mid-send: under ``ABANDONED_POLICY = "review"`` the delivery becomes
+    ``abandoned`` and is never resent without a person's decision; under
+    ``"requeue"`` it is retried. It is found anywhere in an exception's
+    ``__cause__`` / ``__context__`` chain, so a backend may also wrap it.
+
+    ``message_id`` (optional) is the Message-ID of the message in doubt; it is
+    added to the error text so that the attempt log names it.
+    """
+
+    def __init__(self, message: str, *, message_id: str | None = None) -> None:
+        if message_id and message_id not in message:
+            message = f"{message} (Message-ID {message_id})"
+        # Never "permanent": code that only knows DeliveryError retries it,
+        # which is what the app did for these errors before they had a type.
+        super().__init__(message, permanent=False)
+        self.message_id = message_id

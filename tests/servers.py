@@ -2,7 +2,12 @@
 
 - :class:`RedisServer`: a private redis-server a test may stop, restart or wipe.
 - :class:`SMTPRecorder`: an aiosmtpd SMTP server that records every accepted
-  message (envelope recipients and Message-ID) and can refuse chosen ones.
+  message (envelope recipients and Message-ID) and can refuse chosen ones. With
+  ``after_data="cut"`` it records the message and then closes the connection
+  instead of replying to the final dot; with ``after_data="stall"`` it records
+  it and never replies (until stopped).
+- :class:`SilentServer`: accepts TCP connections and never says a word (no
+  SMTP greeting), until stopped.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis
+from django.core.mail import EmailMessage
 
 
 def free_port() -> int:
@@ -59,7 +65,7 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         exe = shutil.which("redis-server")
-        assert exe, "redis-server is not installed (scripts/test.sh installs it)"
+        assert exe, "redis-server is not installed (tests/run.sh installs it)"
         self.process = subprocess.Popen(
             [
                 exe,
@@ -119,17 +125,24 @@ class SMTPRecorder:
 
     ``refuse`` maps a recipient address to an SMTP reply (e.g. "550 no such
     user" or "451 try later") given at RCPT time; ``delay`` waits before
-    answering each message's DATA.
+    answering each message's DATA. ``after_data`` says what follows the
+    final dot once the message is recorded: ``"reply"`` (250), ``"cut"``
+    (close the connection without a reply: the client cannot know the server
+    has it) or ``"stall"`` (keep the connection open and never reply).
+    ``data_reply`` replaces the 250 of ``"reply"`` (e.g. "554 rejected").
     """
 
     refuse: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    after_data: str = "reply"
+    data_reply: str = "250 Message accepted for delivery"
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def start(self) -> SMTPRecorder:
         from aiosmtpd.controller import Controller
 
+        assert self.after_data in ("reply", "cut", "stall"), self.after_data
         self.port = free_port()
         self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
         self.controller.start()
@@ -164,7 +177,15 @@ class SMTPRecorder:
                     raw,
                 )
             )
-        return "250 Message accepted for delivery"
+        if self.after_data == "cut":
+            # A FIN with no reply; aiosmtpd then cancels this handler.
+            server.transport.close()
+        if self.after_data in ("cut", "stall"):
+            import asyncio
+
+            # Controller.stop() cancels this wait.
+            await asyncio.Event().wait()
+        return self.data_reply
 
     def count(self) -> int:
         with self.lock:
@@ -178,6 +199,51 @@ class SMTPRecorder:
         return counts
 
 
+class SilentServer:
+    """A TCP server on loopback that accepts connections and never sends anything.
+
+    For a mail server that never answers the greeting. Connections are held
+    open until :meth:`stop`, which closes them and the listening socket.
+    """
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.accepted: list[socket.socket] = []
+        self.lock = threading.Lock()
+        self.thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
+
+    def start(self) -> SilentServer:
+        self.thread.start()
+        return self
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.listener.accept()
+            except OSError:  # the listener was closed: stop
+                return
+            with self.lock:
+                self.accepted.append(conn)
+
+    def connections(self) -> int:
+        with self.lock:
+            return len(self.accepted)
+
+    def stop(self) -> None:
+        # shutdown() wakes the accept() blocked in the thread; close() alone may not.
+        try:
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+        self.thread.join(timeout=5)
+        with self.lock:
+            for conn in self.accepted:
+                conn.close()
+            self.accepted.clear()
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """Environment for a worker subprocess that uses the test database."""
     from django.db import connection
@@ -188,3 +254,15 @@ def subprocess_env(**extra: str) -> dict[str, str]:
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
+
+
+def sample_message(**kwargs: Any) -> EmailMessage:
+    """A small receipt-like message for backend tests; ``kwargs`` override its fields."""
+    fields: dict[str, Any] = {
+        "subject": "Your receipt",
+        "body": "Thanks for your order.\n",
+        "from_email": "shop@example.com",
+        "to": ["a@example.com"],
+    }
+    fields.update(kwargs)
+    return EmailMessage(**fields)

@@ -11,21 +11,23 @@ import email
 import email.policy
 import json
 import os
+import signal
 import stat
 import sys
+import time
 from dataclasses import dataclass
 from email.message import EmailMessage as ParsedMessage
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.core.mail import EmailMessage
 
 from outbox import enqueue_email
-from outbox.backends import SendmailBackend
-from outbox.exceptions import DeliveryError
+from outbox.backends import SendmailBackend, get_delivery_connection
+from outbox.exceptions import AmbiguousDeliveryError, DeliveryError
+from outbox.failures import FailureKind, classify, is_permanent
 from outbox.models import Attempt, Delivery
-from outbox.worker import Worker, is_permanent
+from tests.servers import sample_message as message
 
 FAKE_SENDMAIL = Path(__file__).resolve().parent / "bin" / "fake_sendmail"
 EX_NOUSER = 67
@@ -54,23 +56,18 @@ def fake_sendmail(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSendma
     assert os.access(FAKE_SENDMAIL, os.X_OK), f"{FAKE_SENDMAIL} must be executable"
     log = tmp_path / "sendmail.jsonl"
     monkeypatch.setenv("FAKE_SENDMAIL_LOG", str(log))
-    for name in ("FAKE_SENDMAIL_EXIT", "FAKE_SENDMAIL_STDERR", "FAKE_SENDMAIL_HANG"):
+    for name in (
+        "FAKE_SENDMAIL_EXIT",
+        "FAKE_SENDMAIL_STDERR",
+        "FAKE_SENDMAIL_HANG",
+        "FAKE_SENDMAIL_HANG_BEFORE_READ",
+        "FAKE_SENDMAIL_SIGNAL",
+    ):
         monkeypatch.delenv(name, raising=False)
     # `#!/usr/bin/env python3` then finds this interpreter, not a pyenv shim
     # (a bash script): nothing between the backend and the fake is a shell.
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     return FakeSendmail(str(FAKE_SENDMAIL), log)
-
-
-def message(**kwargs: Any) -> EmailMessage:
-    fields: dict[str, Any] = {
-        "subject": "Your receipt",
-        "body": "Thanks for your order.\n",
-        "from_email": "shop@example.com",
-        "to": ["a@example.com"],
-    }
-    fields.update(kwargs)
-    return EmailMessage(**fields)
 
 
 # -- the backend on its own ------------------------------------------------------
@@ -228,16 +225,89 @@ def test_a_binary_that_cannot_be_executed_is_a_transient_error(tmp_path):
     assert info.value.permanent is False
 
 
-def test_a_hanging_sendmail_is_killed_after_the_timeout(fake_sendmail, monkeypatch):
+def test_ex_tempfail_and_other_statuses_are_classified_as_before(fake_sendmail, monkeypatch):
+    backend = SendmailBackend(sendmail_path=fake_sendmail.path)
+    for status, kind in ((EX_TEMPFAIL, FailureKind.TRANSIENT), (EX_NOUSER, FailureKind.PERMANENT)):
+        monkeypatch.setenv("FAKE_SENDMAIL_EXIT", str(status))
+        with pytest.raises(DeliveryError) as info:
+            backend.send_messages([message()])
+        assert not isinstance(info.value, AmbiguousDeliveryError)
+        assert classify(info.value) is kind
+
+
+# -- time limit and messages in doubt ---------------------------------------------
+
+
+def test_a_sendmail_that_hangs_after_reading_the_message_is_killed_and_in_doubt(
+    fake_sendmail, monkeypatch
+):
     monkeypatch.setenv("FAKE_SENDMAIL_HANG", "1")
     backend = SendmailBackend(sendmail_path=fake_sendmail.path, timeout=0.5)
+    msg = message(headers={"Message-ID": "<hang-1@example.com>"})
 
+    started = time.monotonic()
+    with pytest.raises(AmbiguousDeliveryError) as info:
+        backend.send_messages([msg])
+
+    assert time.monotonic() - started < 5
+    assert "timed out" in str(info.value)
+    assert "<hang-1@example.com>" in str(info.value)
+    assert classify(info.value) is FailureKind.AMBIGUOUS
+    assert info.value.permanent is False
+    assert len(fake_sendmail.calls()) == 1  # it had read the message before hanging
+
+
+def test_a_sendmail_killed_by_a_signal_after_reading_the_message_is_in_doubt(
+    fake_sendmail, monkeypatch
+):
+    monkeypatch.setenv("FAKE_SENDMAIL_SIGNAL", str(int(signal.SIGKILL)))
+    backend = SendmailBackend(sendmail_path=fake_sendmail.path)
+
+    with pytest.raises(AmbiguousDeliveryError) as info:
+        backend.send_messages([message(headers={"Message-ID": "<killed-1@example.com>"})])
+
+    assert f"signal {int(signal.SIGKILL)}" in str(info.value)
+    assert "<killed-1@example.com>" in str(info.value)
+    assert classify(info.value) is FailureKind.AMBIGUOUS
+    assert len(fake_sendmail.calls()) == 1
+
+
+def test_a_sendmail_that_never_reads_the_message_times_out_as_a_transient_error(
+    fake_sendmail, monkeypatch
+):
+    # Bigger than any pipe buffer: the write cannot complete while nobody reads.
+    monkeypatch.setenv("FAKE_SENDMAIL_HANG_BEFORE_READ", "1")
+    backend = SendmailBackend(sendmail_path=fake_sendmail.path, timeout=0.5)
+    big = message(body=("x" * 76 + "\n") * 40_000)  # about 3 MB
+
+    started = time.monotonic()
     with pytest.raises(DeliveryError) as info:
+        backend.send_messages([big])
+
+    assert time.monotonic() - started < 5
+    assert not isinstance(info.value, AmbiguousDeliveryError)
+    assert "timed out" in str(info.value)
+    assert classify(info.value) is FailureKind.TRANSIENT
+    assert fake_sendmail.calls() == []  # it never got the message
+
+
+def test_the_worker_s_sendmail_is_bounded_by_send_timeout(fake_sendmail, settings, monkeypatch):
+    # No timeout of its own: OUTBOX["SEND_TIMEOUT"] applies.
+    monkeypatch.setenv("FAKE_SENDMAIL_HANG", "1")
+    settings.OUTBOX = {
+        **settings.OUTBOX,
+        "EMAIL_BACKEND": "outbox.backends.SendmailBackend",
+        "SENDMAIL_PATH": fake_sendmail.path,
+        "SEND_TIMEOUT": 1.0,
+    }
+    settings.OUTBOX.pop("MAILER", None)
+    backend = get_delivery_connection()
+
+    started = time.monotonic()
+    with pytest.raises(AmbiguousDeliveryError):
         backend.send_messages([message()])
 
-    assert info.value.permanent is False
-    assert "timed out" in str(info.value)
-    assert len(fake_sendmail.calls()) == 1  # it had read the message before hanging
+    assert 0.9 <= time.monotonic() - started < 5
 
 
 # -- through the worker ------------------------------------------------------------
@@ -256,6 +326,9 @@ def sendmail_outbox(settings, fake_sendmail: FakeSendmail) -> FakeSendmail:
 
 
 def run_worker() -> None:
+    # Imported here: the backend tests above do not need the worker.
+    from outbox.worker import Worker
+
     Worker(burst=True).run(install_signal_handlers=False)
 
 

@@ -1,0 +1,232 @@
+"""OUTBOX["SEND_TIMEOUT"]: no mail server can hold a send for longer than about that.
+
+Unit level: the setting and its system check, how :func:`get_delivery_connection`
+applies it, and Django's stock SMTP backend against real servers on loopback that
+accept the connection and then say nothing (no greeting, or no reply after the
+final dot). :class:`SendmailBackend`'s time limit is tested in tests/test_sendmail.py.
+
+A send that today's code would let hang forever runs in a helper thread
+(:func:`bounded`), so that such a test fails after a few seconds instead of
+hanging the suite; stopping the server afterwards frees the thread.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+from outbox.backends import (
+    HAS_MAILERS,
+    SendmailBackend,
+    get_delivery_connection,
+    watch_handover,
+)
+from outbox.checks import check_outbox_settings
+from outbox.conf import outbox_settings
+from outbox.exceptions import AmbiguousDeliveryError
+from outbox.failures import FailureKind, classify
+from tests.servers import SilentServer, SMTPRecorder
+from tests.servers import sample_message as message
+
+SMTP = "django.core.mail.backends.smtp.EmailBackend"
+SEND_TIMEOUT = 1.0
+# How long a send bounded by SEND_TIMEOUT may take in these tests: the limit
+# plus room for a slow CI machine, far below "forever".
+BOUND = SEND_TIMEOUT + 4.0
+
+
+def use_delivery(settings, backend: str, options: dict[str, Any] | None = None, **outbox) -> None:
+    """Make ``backend`` the worker's delivery target, as a project would configure it."""
+    merged = {k: v for k, v in settings.OUTBOX.items() if k not in ("EMAIL_BACKEND", "MAILER")}
+    merged.update(outbox)
+    if HAS_MAILERS:
+        settings.MAILERS = {
+            "default": {"BACKEND": "outbox.backends.OutboxBackend"},
+            "delivery": {"BACKEND": backend, "OPTIONS": options or {}},
+        }
+        settings.OUTBOX = {**merged, "MAILER": "delivery"}
+    else:
+        settings.EMAIL_BACKEND = "outbox.backends.OutboxBackend"
+        settings.OUTBOX = {**merged, "EMAIL_BACKEND": backend}
+        for name, value in (options or {}).items():
+            setattr(settings, f"EMAIL_{name.upper()}", value)
+
+
+def use_smtp(settings, port: int, timeout: float | None = None, **outbox) -> None:
+    options: dict[str, Any] = {"host": "127.0.0.1", "port": port}
+    if timeout is not None:
+        options["timeout"] = timeout
+    elif not HAS_MAILERS:
+        settings.EMAIL_TIMEOUT = None  # Django's default: no limit
+    use_delivery(settings, SMTP, options, **outbox)
+
+
+@dataclass
+class Outcome:
+    """What a call did in a helper thread: its result or exception, and how long it took."""
+
+    result: Any = None
+    error: BaseException | None = None
+    elapsed: float = 0.0
+
+
+def bounded(call: Callable[[], Any], limit: float = BOUND) -> Outcome:
+    """Run ``call`` in a daemon thread; fail the test if it is not done within ``limit``."""
+    outcome = Outcome()
+
+    def run() -> None:
+        started = time.monotonic()
+        try:
+            outcome.result = call()
+        except BaseException as exc:  # reported to the test, not raised in the thread
+            outcome.error = exc
+        outcome.elapsed = time.monotonic() - started
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(limit)
+    if thread.is_alive():
+        pytest.fail(f"the send was still waiting after {limit:g}s")
+    return outcome
+
+
+@pytest.fixture
+def silent_server() -> Iterator[SilentServer]:
+    server = SilentServer().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def stalling_server() -> Iterator[SMTPRecorder]:
+    """Answers the greeting, MAIL, RCPT and DATA; never answers the final dot."""
+    server = SMTPRecorder(after_data="stall").start()
+    yield server
+    server.stop()
+
+
+# -- the setting and its check ------------------------------------------------------
+
+
+def test_send_timeout_defaults_to_60_seconds(settings):
+    settings.OUTBOX = {k: v for k, v in settings.OUTBOX.items() if k != "SEND_TIMEOUT"}
+    assert outbox_settings.SEND_TIMEOUT == 60.0
+
+
+def test_send_timeout_is_read_live_as_a_float(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "SEND_TIMEOUT": 5}
+    assert outbox_settings.SEND_TIMEOUT == 5.0
+    assert isinstance(outbox_settings.SEND_TIMEOUT, float)
+
+
+@pytest.mark.parametrize("value", [0, -1, 0.0, "60", None, True, float("inf"), float("nan")])
+def test_e009_send_timeout_must_be_a_positive_number(settings, value):
+    settings.OUTBOX = {**settings.OUTBOX, "SEND_TIMEOUT": value}
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E009"
+    assert "SEND_TIMEOUT" in error.msg
+
+
+@pytest.mark.parametrize("value", [0.5, 1, 60, 600.0])
+def test_a_positive_send_timeout_passes_the_checks(settings, value):
+    settings.OUTBOX = {**settings.OUTBOX, "SEND_TIMEOUT": value}
+    assert check_outbox_settings() == []
+
+
+# -- get_delivery_connection() applies it ---------------------------------------------
+
+
+def test_smtp_without_a_timeout_gets_send_timeout(settings):
+    use_smtp(settings, 2525, SEND_TIMEOUT=7)
+    backend = get_delivery_connection()
+    assert backend.timeout == 7.0
+
+
+def test_a_shorter_project_timeout_is_kept(settings):
+    use_smtp(settings, 2525, timeout=3, SEND_TIMEOUT=7)
+    assert get_delivery_connection().timeout == 3
+
+
+def test_a_longer_project_timeout_is_lowered_to_send_timeout(settings):
+    use_smtp(settings, 2525, timeout=300, SEND_TIMEOUT=7)
+    assert get_delivery_connection().timeout == 7.0
+
+
+def test_sendmail_backend_gets_send_timeout(settings):
+    use_delivery(settings, "outbox.backends.SendmailBackend", SEND_TIMEOUT=7)
+    backend = get_delivery_connection()
+    assert isinstance(backend, SendmailBackend)
+    assert backend.timeout == 7.0
+    # Its own default, outside the worker, is the setting too.
+    assert SendmailBackend().timeout == 7.0
+
+
+class TimeoutOnlyInConstructor:
+    """A third-party backend that takes ``timeout`` but keeps it somewhere else."""
+
+    def __init__(self, timeout: float | None = None) -> None:
+        self.client_options = {"timeout": timeout}
+
+
+class NoTimeout:
+    """A backend with no notion of a timeout."""
+
+    def __init__(self) -> None:
+        self.created = True
+
+
+def test_a_backend_whose_constructor_takes_timeout_gets_it(settings):
+    path = f"{__name__}.TimeoutOnlyInConstructor"
+    settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": path, "SEND_TIMEOUT": 7}
+    settings.OUTBOX.pop("MAILER", None)
+    backend: Any = get_delivery_connection()
+    assert backend.client_options == {"timeout": 7.0}
+
+
+def test_a_backend_without_a_timeout_is_left_alone(settings):
+    settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": f"{__name__}.NoTimeout"}
+    settings.OUTBOX.pop("MAILER", None)
+    backend: Any = get_delivery_connection()
+    assert backend.created and not hasattr(backend, "timeout")
+
+
+# -- a server that never answers ------------------------------------------------------
+
+
+def test_a_server_that_never_greets_holds_open_for_at_most_send_timeout(settings, silent_server):
+    use_smtp(settings, silent_server.port, SEND_TIMEOUT=SEND_TIMEOUT)
+    backend = get_delivery_connection()
+
+    outcome = bounded(backend.open)
+
+    assert silent_server.connections() == 1
+    assert outcome.error is not None, "open() succeeded against a server that never spoke"
+    assert SEND_TIMEOUT * 0.9 <= outcome.elapsed < BOUND
+    # Nothing was handed over: an ordinary transient failure, retried.
+    assert classify(outcome.error) is FailureKind.TRANSIENT
+
+
+def test_a_server_that_never_answers_the_final_dot_is_bounded_and_in_doubt(
+    settings, stalling_server
+):
+    use_smtp(settings, stalling_server.port, SEND_TIMEOUT=SEND_TIMEOUT)
+    backend = get_delivery_connection()
+    backend.open()
+    watch_handover(backend)
+    message_id = "<stall-1@example.com>"
+
+    outcome = bounded(lambda: backend.send_messages([message(headers={"Message-ID": message_id})]))
+
+    assert outcome.error is not None, f"the send returned {outcome.result!r}"
+    assert outcome.elapsed < BOUND
+    # The server has the message; only its answer never came.
+    assert stalling_server.count() == 1
+    assert isinstance(outcome.error, AmbiguousDeliveryError)
+    assert classify(outcome.error) is FailureKind.AMBIGUOUS
+    assert message_id in str(outcome.error)
+    backend.close()
