@@ -11,11 +11,26 @@ and scripts stay legal on Redis Cluster:
 ``{p}:queued``                 set of ids waiting in a ready list or ``scheduled``:
                                the gate that keeps repeated mirroring from
                                duplicating ids
-``{p}:processing:<worker>``    ids a worker has claimed (the reliable-queue list)
-``{p}:workers``                sorted set of live workers, score = last heartbeat
-``{p}:dead``                   workers declared dead, not yet cleaned up
+``{p}:wake``                   tokens a blocked worker waits for (BLPOP); the
+                               claim itself is always a script
+``{p}:processing:<worker>``    ids a worker incarnation has claimed (the
+                               reliable-queue list)
+``{p}:claims:<worker>``        each thread's last claim, so a retried claim
+                               whose reply was lost gets the same ids
+``{p}:workers``                sorted set of live incarnations, score = last heartbeat
+``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
+
+The rules every script keeps:
+
+- An id leaves the ready lists only inside a script that also takes it out of
+  the dedup set (``claim.lua``), so the set never claims an id that waits
+  nowhere. Blocking waits happen on ``wake``, never on a ready list.
+- An id that comes out of a processing list (released, reaped, retried) is
+  pushed *forced*: the set is not consulted, because it says nothing about it.
+- A push always replaces a scheduled entry of the id with the row's due time.
+- All times are Redis ``TIME`` (see ``lua/_common.lua``).
 
 Duplicate ids are harmless: a worker acts on an id only through a conditional
 UPDATE in the database, so a stale or repeated id changes nothing.
@@ -23,7 +38,6 @@ UPDATE in the database, so a stale or repeated id changes nothing.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterable, Sequence
 from functools import cache
 from importlib import resources
@@ -41,6 +55,8 @@ PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
 PROMOTE_LIMIT = 200
 # Triples per script call when mirroring many rows (keeps each call short).
 PUSH_CHUNK = 1000
+# Elements per LRANGE/ZRANGE page when the full check reads what Redis holds.
+SCAN_PAGE = 10_000
 
 
 class QueueEntry(NamedTuple):
@@ -83,6 +99,14 @@ def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+class ClaimResult(NamedTuple):
+    """What one claim round trip returned."""
+
+    now: float  # Redis time, epoch seconds
+    registered: bool  # False: this incarnation was declared dead; claim nothing more
+    items: list[Claimed]
+
+
 class RedisQueue:
     """Key names and atomic operations of one outbox's Redis mirror."""
 
@@ -95,15 +119,20 @@ class RedisQueue:
         self.ready_keys = [f"{tag}:ready:{name}" for name in PRIORITIES]
         self.workers_key = f"{tag}:workers"
         self.dead_key = f"{tag}:dead"
+        self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
         self._processing_prefix = f"{tag}:processing:"
+        self._claims_prefix = f"{tag}:claims:"
         self._scripts: dict[str, Script] = {}
 
     # -- keys -------------------------------------------------------------
 
     def processing_key(self, worker_id: str) -> str:
         return self._processing_prefix + worker_id
+
+    def claims_key(self, worker_id: str) -> str:
+        return self._claims_prefix + worker_id
 
     def ready_key(self, priority: str) -> str:
         return self.ready_keys[PRIORITY_INDEX[priority] - 1]
@@ -115,9 +144,10 @@ class RedisQueue:
             *self.ready_keys,
             self.workers_key,
             self.dead_key,
+            self.wake_key,
         ]
         if worker_id is not None:
-            keys.append(self.processing_key(worker_id))
+            keys += [self.processing_key(worker_id), self.claims_key(worker_id)]
         return keys
 
     def _script(self, name: str) -> Script:
@@ -127,25 +157,34 @@ class RedisQueue:
             self._scripts[name] = self.redis.register_script(_script_source(name))
         return self._scripts[name]
 
+    def time(self) -> float:
+        """Redis' clock, epoch seconds: the one clock of every queue decision."""
+        seconds, micros = cast(tuple[int, int], self.redis.time())
+        return seconds + micros / 1_000_000
+
     # -- producers ----------------------------------------------------------
 
-    def push(self, entries: Sequence[QueueEntry], now: float | None = None) -> int:
-        """Mirror rows into Redis; ids already waiting there are skipped.
+    def push(self, entries: Sequence[QueueEntry], *, force: bool = False) -> int:
+        """Mirror rows into Redis; returns how many ids were new to the dedup set.
 
-        Due ids go to their ready list, later ones to ``scheduled``. Returns how
-        many ids were new to Redis. Large batches go in chunks, one pipeline.
+        Due ids (by Redis time) go to their ready list, later ones to
+        ``scheduled``; a scheduled entry of the id is always moved to the
+        given due time. Without ``force`` an id already in the dedup set is
+        not pushed again. ``force`` is for ids known to wait nowhere (out of a
+        processing list, or found missing by a full check). Large batches go
+        in chunks, one pipeline.
         """
         if not entries:
             return 0
-        now = time.time() if now is None else now
         script = self._script("push")
         keys = self._keys()
+        flag = 1 if force else 0
         if len(entries) <= PUSH_CHUNK:
-            return int(script(keys=keys, args=[now, *_entry_args(entries)]))
+            return int(script(keys=keys, args=[flag, *_entry_args(entries)]))
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(entries), PUSH_CHUNK):
             chunk = entries[start : start + PUSH_CHUNK]
-            script(keys=keys, args=[now, *_entry_args(chunk)], client=pipe)
+            script(keys=keys, args=[flag, *_entry_args(chunk)], client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     # -- workers ------------------------------------------------------------
@@ -154,42 +193,35 @@ class RedisQueue:
         self,
         worker_id: str,
         count: int,
+        *,
+        thread: int = 0,
+        nonce: str = "",
         acks: Sequence[int] = (),
-        now: float | None = None,
-    ) -> list[Claimed]:
+    ) -> ClaimResult:
         """Forget ``acks``, promote due ids, then claim up to ``count`` ids.
 
-        One round trip. Claimed ids sit in the worker's processing list until
-        acknowledged, so a crash leaves them for the sweeper.
+        One round trip. Claimed ids sit in the incarnation's processing list
+        until acknowledged, so a crash leaves them for the sweeper. Calling
+        again with the same ``thread`` and ``nonce`` after an error returns
+        the ids of the call whose reply was lost instead of claiming more.
         """
-        now = time.time() if now is None else now
         raw = self._script("claim")(
             keys=self._keys(worker_id),
-            args=[now, count, PROMOTE_LIMIT, len(acks), *acks],
+            args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, len(acks), *acks],
         )
-        return [Claimed(int(raw[i]), PRIORITY_NAME[int(raw[i + 1])]) for i in range(0, len(raw), 2)]
+        items = [
+            Claimed(int(raw[i]), PRIORITY_NAME[int(raw[i + 1])]) for i in range(2, len(raw), 2)
+        ]
+        return ClaimResult(float(raw[0]), bool(int(raw[1])), items)
 
-    def wait_claim(self, worker_id: str, timeout: float) -> Claimed | None:
-        """Block up to ``timeout`` seconds for one normal-priority id.
+    def wait(self, timeout: float) -> bool:
+        """Block up to ``timeout`` seconds until ids may be ready; True if woken.
 
-        Used only when :meth:`claim` found nothing; a high or low priority id
-        that arrives meanwhile is taken by the next :meth:`claim`, at most
-        ``timeout`` later.
+        Only a wake-up token is taken here; the claim that follows is a script,
+        so no id ever sits between a list and the dedup set's bookkeeping.
         """
-        normal = self.ready_key("normal")
-        # BLMOVE takes a fractional timeout (Redis >= 6); redis-py types it as int.
-        raw = self.redis.execute_command(
-            "BLMOVE", normal, self.processing_key(worker_id), "RIGHT", "LEFT", timeout
-        )
-        if raw is None:
-            return None
-        self.redis.srem(self.queued_key, raw)
-        return Claimed(int(raw), "normal")
-
-    def ack(self, worker_id: str, ids: Sequence[int]) -> None:
-        """Remove finished ids from the worker's processing list."""
-        if ids:
-            self.claim(worker_id, 0, acks=ids)
+        # BLPOP takes a fractional timeout (Redis >= 6); redis-py types it as int.
+        return self.redis.execute_command("BLPOP", self.wake_key, timeout) is not None
 
     def release(
         self,
@@ -197,37 +229,36 @@ class RedisQueue:
         entries: Sequence[QueueEntry],
         acks: Sequence[int] = (),
         deregister: bool = False,
-        now: float | None = None,
     ) -> int:
-        """Put claimed-but-unstarted ids back; optionally deregister the worker."""
-        now = time.time() if now is None else now
+        """Put claimed-but-unstarted ids back; optionally deregister the worker.
+
+        Deregistering never deletes ids still in the processing list: the
+        incarnation is then declared dead so that the sweeper settles them.
+        """
         return int(
             self._script("release")(
                 keys=self._keys(worker_id),
-                args=[
-                    now,
-                    worker_id,
-                    1 if deregister else 0,
-                    len(acks),
-                    *acks,
-                    *_entry_args(entries),
-                ],
+                args=[worker_id, 1 if deregister else 0, len(acks), *acks, *_entry_args(entries)],
             )
         )
 
-    def register(self, worker_id: str, now: float | None = None) -> None:
-        self.redis.zadd(self.workers_key, {worker_id: time.time() if now is None else now})
+    def register(self, worker_id: str) -> float:
+        """Register an incarnation; returns Redis time."""
+        return float(self._script("register")(keys=self._keys(), args=[worker_id]))
 
-    def heartbeat(self, worker_id: str, now: float | None = None) -> bool:
-        """Refresh the heartbeat; False means this id was declared dead (or lost)."""
-        now = time.time() if now is None else now
-        return bool(self._script("heartbeat")(keys=self._keys(), args=[now, worker_id]))
+    def heartbeat(self, worker_id: str) -> tuple[float, bool]:
+        """Refresh the heartbeat; returns Redis time and whether the incarnation lives.
+
+        False means it was declared dead (or Redis lost its entry).
+        """
+        now, alive = self._script("heartbeat")(keys=self._keys(), args=[worker_id])
+        return float(now), bool(int(alive))
 
     # -- sweeper ------------------------------------------------------------
 
-    def declare_dead(self, cutoff: float, now: float | None = None) -> list[str]:
-        now = time.time() if now is None else now
-        raw = self._script("declare_dead")(keys=self._keys(), args=[cutoff, now])
+    def declare_dead(self, timeout: float) -> list[str]:
+        """Declare dead every incarnation silent for ``timeout`` seconds of Redis time."""
+        raw = self._script("declare_dead")(keys=self._keys(), args=[timeout])
         return [_decode(w) for w in raw]
 
     def dead_workers(self) -> list[str]:
@@ -235,7 +266,7 @@ class RedisQueue:
         return [_decode(w) for w in members]
 
     def live_workers(self) -> dict[str, float]:
-        """Registered workers and their last heartbeat (epoch seconds)."""
+        """Registered incarnations and their last heartbeat (Redis time)."""
         pairs = cast(
             list[tuple[bytes, float]], self.redis.zrange(self.workers_key, 0, -1, withscores=True)
         )
@@ -249,21 +280,59 @@ class RedisQueue:
     def processing_ids(self, worker_id: str) -> list[int]:
         return [int(i) for i in self.redis.lrange(self.processing_key(worker_id), 0, -1)]
 
-    def reap(self, worker_id: str, requeue: Sequence[QueueEntry], now: float | None = None) -> int:
-        """Push back ``requeue`` and forget the dead worker's list and entry."""
-        now = time.time() if now is None else now
+    def reap(self, worker_id: str, requeue: Sequence[QueueEntry]) -> int:
+        """Push back ``requeue`` and forget the dead incarnation's list and entry."""
         return int(
             self._script("reap")(
-                keys=self._keys(worker_id),
-                args=[now, worker_id, *_entry_args(requeue)],
+                keys=self._keys(worker_id), args=[worker_id, *_entry_args(requeue)]
             )
         )
 
-    def queued_members(self, ids: Sequence[int]) -> list[bool]:
-        """Which of ``ids`` are waiting in Redis (ready or scheduled)."""
-        if not ids:
-            return []
-        return [bool(x) for x in self.redis.smismember(self.queued_key, list(ids))]
+    def waiting_ids(self) -> set[int]:
+        """Every id in a ready list or ``scheduled``, read page by page.
+
+        The full mirror check's view of what Redis really holds: it does not
+        trust the dedup set.
+        """
+        found: set[int] = set()
+        for key in self.ready_keys:
+            start = 0
+            while page := self.redis.lrange(key, start, start + SCAN_PAGE - 1):
+                found.update(int(i) for i in page)
+                start += SCAN_PAGE
+        start = 0
+        while members := cast(
+            list[bytes], self.redis.zrange(self.scheduled_key, start, start + SCAN_PAGE - 1)
+        ):
+            found.update(int(_decode(m).partition(":")[0]) for m in members)
+            start += SCAN_PAGE
+        return found
+
+    def queued_set(self) -> set[int]:
+        """The dedup set's members."""
+        return {int(i) for i in self.redis.sscan_iter(self.queued_key, count=SCAN_PAGE)}
+
+    def forget_stale(self, ids: Sequence[int]) -> int:
+        """Drop ids that wait nowhere from the dedup set; returns how many."""
+        dropped = 0
+        for start in range(0, len(ids), PUSH_CHUNK):
+            chunk = list(ids[start : start + PUSH_CHUNK])
+            dropped += int(self._script("forget_stale")(keys=self._keys(), args=chunk))
+        return dropped
+
+    def set_exceeds_lists(self) -> bool:
+        """Whether the dedup set counts more ids than the lists hold: partial data loss.
+
+        Duplicates only ever make the lists longer than the set, so a set that
+        is larger names ids that wait nowhere. One cheap pipeline.
+        """
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.scard(self.queued_key)
+        pipe.zcard(self.scheduled_key)
+        for key in self.ready_keys:
+            pipe.llen(key)
+        card, *lengths = (int(n) for n in pipe.execute())
+        return card > sum(lengths)
 
     def acquire_lock(self, token: str, ttl: float) -> bool:
         return bool(self.redis.set(self.lock_key, token, nx=True, px=int(ttl * 1000)))
@@ -276,10 +345,9 @@ class RedisQueue:
     def release_lock(self, token: str) -> bool:
         return bool(self._script("lock_release")(keys=[self.lock_key], args=[token]))
 
-    def promote(self, limit: int = 10_000, now: float | None = None) -> int:
-        """Move due ids from ``scheduled`` to the ready lists; returns how many."""
-        now = time.time() if now is None else now
-        return int(self._script("promote")(keys=self._keys(), args=[now, limit]))
+    def promote(self, limit: int = 10_000) -> int:
+        """Move due ids (by Redis time) from ``scheduled`` to the ready lists."""
+        return int(self._script("promote")(keys=self._keys(), args=[limit]))
 
     # -- introspection --------------------------------------------------------
 

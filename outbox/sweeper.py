@@ -11,11 +11,16 @@ The database is the truth; a pass makes Redis and the rows agree again:
 2. **Stuck rows.** Rows ``processing`` for longer than the timeout whose worker
    is not alive get the same policy, even when Redis lost every key: this
    covers Redis data loss and a "mark sent" write the database refused.
-3. **The mirror.** Every queued row must be waiting in Redis. After Redis lost
-   its data (detected by the sweeper's own marker key vanishing), or once per
-   ``MIRROR_FULL_SCAN_INTERVAL``, every queued row is checked; otherwise only
-   rows that became queued since the last pass. The ``queued`` set in Redis
-   gates every push, so no pass ever adds an id that is already waiting.
+3. **The mirror.** Every queued row must be waiting in Redis. The database
+   decides the repair, not Redis' dedup set. A *full* check reads what the
+   ready lists, ``scheduled`` and the live workers' processing lists really
+   hold, pushes every queued row found in none of them (forced, whatever the
+   set says), and drops set entries that wait nowhere. It runs on the first
+   pass, after Redis lost data (the sweeper's marker key vanished), when the
+   set counts more ids than the lists hold (partial loss), on
+   ``--full-mirror-check`` and once per ``MIRROR_FULL_SCAN_INTERVAL``.
+   Otherwise the *incremental* check pushes the rows that became queued since
+   the last pass, gated by the set, so it adds no id that is already waiting.
 4. **Retention** (optional): sent rows past an age are deleted in batches.
 
 The policy for rows that were processing when their worker died:
@@ -39,17 +44,18 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection
-from django.db.models import F, Q
+from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from . import operations
+from .clock import from_timestamp
 from .conf import outbox_settings
 from .models import Attempt, Delivery, Email
 from .queue import QueueEntry, RedisQueue
@@ -165,8 +171,7 @@ class Sweeper:
     # -- 1. dead workers --------------------------------------------------------
 
     def _reap_dead_workers(self, report: SweepReport) -> None:
-        cutoff = time.time() - self.timeout
-        newly_dead = self.queue.declare_dead(cutoff)
+        newly_dead = self.queue.declare_dead(self.timeout)
         if newly_dead:
             logger.warning("declared dead (no heartbeat for %.0fs): %s", self.timeout, newly_dead)
         # Also finishes workers a crashed sweeper declared dead but did not reap.
@@ -208,7 +213,8 @@ class Sweeper:
 
     def _settle_stuck_rows(self, report: SweepReport) -> None:
         alive = list(self.queue.live_workers())
-        cutoff = timezone.now() - timedelta(seconds=self.timeout)
+        # Redis time, like the workers' start times: one clock, whatever ours says.
+        cutoff = from_timestamp(self.queue.time() - self.timeout)
         stuck = Q(status=Status.PROCESSING, processing_started_at__lt=cutoff) & ~Q(
             worker_id__in=alive
         )
@@ -229,6 +235,7 @@ class Sweeper:
         self, ids: list[int], condition: Q, report: SweepReport, worker_id: str | None
     ) -> None:
         who = f"worker {worker_id}" if worker_id else "its worker"
+        now = from_timestamp(self.queue.time())
         if self.policy == "requeue":
             result = operations.transition(
                 ids,
@@ -236,6 +243,7 @@ class Sweeper:
                 to=Status.QUEUED,
                 outcome=Outcome.REQUEUED,
                 actor=ACTOR,
+                now=now,
                 error=f"{who} went away mid-send; requeued (the email may arrive twice)",
                 condition=condition & Q(attempts__lt=F("max_attempts")),
             )
@@ -246,6 +254,7 @@ class Sweeper:
                 to=Status.FAILED,
                 outcome=Outcome.FAILED,
                 actor=ACTOR,
+                now=now,
                 error=f"{who} went away mid-send on every attempt; giving up",
                 condition=condition & Q(attempts__gte=F("max_attempts")),
             )
@@ -257,6 +266,7 @@ class Sweeper:
                 to=Status.ABANDONED,
                 outcome=Outcome.ABANDONED,
                 actor=ACTOR,
+                now=now,
                 error=(
                     f"{who} went away mid-send; check the mail logs for this Message-ID, "
                     "then mark it sent or requeue it"
@@ -274,26 +284,60 @@ class Sweeper:
     # -- 3. the Redis mirror --------------------------------------------------------
 
     def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
-        redis = self.queue.redis
         state = self.queue.mirror_state()
-        now = time.time()
+        now = self.queue.time()
+        first = "full_at" not in state
         full = (
             force_full
-            or "full_at" not in state
+            or first
             or now - float(state["full_at"]) > outbox_settings.MIRROR_FULL_SCAN_INTERVAL
+            or self.queue.set_exceeds_lists()
         )
         report.full_mirror_check = full
-        rows = Delivery.objects.queued()
         if full:
             # Written first: if Redis loses its data during the scan, the marker
             # goes with it and the next pass checks everything again.
-            redis.hset(self.queue.mirror_key, mapping={"full_at": now, "checked_until": now})
-            if "full_at" not in state:
-                logger.warning("Redis holds no mirror marker (first run or data loss): full check")
+            self.queue.redis.hset(
+                self.queue.mirror_key, mapping={"full_at": now, "checked_until": now}
+            )
+            if first:
+                logger.info("no mirror marker in Redis (first run, or Redis lost data): full check")
+            self._full_check(report)
         else:
             since = float(state.get("checked_until", now)) - MIRROR_MARGIN
-            rows = rows.filter(updated_at__gte=_from_timestamp(since))
+            rows = Delivery.objects.queued().filter(updated_at__gte=from_timestamp(since))
+            held = self._held_by_live_workers()
+            for batch in self._batches(rows):
+                entries = [e for e in batch if e.id not in held]
+                report.remirrored += self.queue.push(entries)
+        self.queue.redis.hset(self.queue.mirror_key, "checked_until", now)
+        if report.remirrored:
+            logger.warning("re-mirrored %d queued deliveries Redis did not hold", report.remirrored)
+
+    def _full_check(self, report: SweepReport) -> None:
+        """Make Redis hold every queued row, trusting only what its lists hold.
+
+        What is read first (ready lists, ``scheduled``, live processing lists)
+        is compared with the database; a row missing from all of them is
+        pushed, forced. An id pushed by someone else meanwhile may end up
+        twice: harmless. Set entries that wait nowhere are dropped last.
+        """
+        present = self.queue.waiting_ids()
         held = self._held_by_live_workers()
+        queued: set[int] = set()
+        for batch in self._batches(Delivery.objects.queued()):
+            queued.update(e.id for e in batch)
+            missing = [e for e in batch if e.id not in present and e.id not in held]
+            if missing:
+                self.queue.push(missing, force=True)
+                report.remirrored += len(missing)
+        stale = sorted(self.queue.queued_set() - present - queued)
+        if stale:
+            dropped = self.queue.forget_stale(stale)
+            logger.info("dropped %d ids from the dedup set that waited nowhere", dropped)
+
+    def _batches(self, rows: QuerySet[Delivery]) -> Iterator[list[QueueEntry]]:
+        """The rows' queue entries, BATCH at a time, keeping the lease."""
         last = 0
         while True:
             batch = list(
@@ -302,18 +346,10 @@ class Sweeper:
                 .values_list("pk", "priority", "not_before")[:BATCH]
             )
             if not batch:
-                break
+                return
             last = batch[-1][0]
-            entries = [
-                QueueEntry(pk, priority, not_before.timestamp())
-                for pk, priority, not_before in batch
-                if pk not in held
-            ]
-            report.remirrored += self.queue.push(entries)
+            yield [QueueEntry(pk, prio, not_before.timestamp()) for pk, prio, not_before in batch]
             self._keep_lease()
-        redis.hset(self.queue.mirror_key, "checked_until", now)
-        if report.remirrored:
-            logger.warning("re-mirrored %d queued deliveries Redis did not hold", report.remirrored)
 
     def _held_by_live_workers(self) -> set[int]:
         held: set[int] = set()
@@ -341,7 +377,3 @@ class Sweeper:
             ).delete()
             purged += len(batch)
             self._keep_lease()
-
-
-def _from_timestamp(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=dt_timezone.utc)

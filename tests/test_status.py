@@ -66,9 +66,9 @@ def known_state(queue: RedisQueue) -> dict:
         "later", "b", None, ["l@example.com"], priority="low", send_at=now + timedelta(hours=1)
     )
     queue.register("w1")
-    assert [c.id for c in queue.claim("w1", 1)] == [high.pk]  # high priority first
+    assert [c.id for c in queue.claim("w1", 1).items] == [high.pk]  # high priority first
     Delivery.objects.filter(pk=high.pk).update(status="processing", worker_id="w1")
-    queue.register("w2", now=time.time() - 600)
+    register_stale(queue, "w2", 600)
     return {"done": done, "due": due, "high": high, "later": later}
 
 
@@ -130,9 +130,9 @@ def test_a_row_due_but_still_in_the_schedule_is_not_missing(queue):
 
 def test_dead_workers_are_listed_with_what_they_hold(queue):
     [row] = enqueue_email("s", "b", None, ["a@example.com"])
-    queue.register("gone", now=time.time() - 100)
+    register_stale(queue, "gone", 100)
     queue.claim("gone", 1)
-    assert queue.declare_dead(cutoff=time.time() - 10) == ["gone"]
+    assert queue.declare_dead(timeout=10) == ["gone"]
     report = status_json()
     assert report["redis"]["workers"] == []
     assert report["redis"]["dead_workers"] == [{"id": "gone", "held": [row.pk]}]
@@ -248,3 +248,8 @@ def test_watch_refreshes_until_ctrl_c(as_json):
         assert all(d["database"]["by_status"]["queued"] == 1 for d in documents)
     else:
         assert "Outbox status at" in output and "Due now: 1" in output
+
+
+def register_stale(queue, worker_id: str, age: float) -> None:
+    """Register a worker whose last heartbeat was `age` seconds ago, by Redis time."""
+    queue.redis.zadd(queue.workers_key, {worker_id: queue.time() - age})

@@ -14,6 +14,8 @@ from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.queue import QueueEntry
 from outbox.worker import Worker, backoff_delay, is_permanent
+from outbox.worker.loop import SenderLoop
+from outbox.worker.outcomes import failure
 from tests.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -164,7 +166,7 @@ def test_duplicate_and_stale_ids_send_nothing_twice(outbox_mail, queue):
     queue.redis.lpush(queue.ready_key("normal"), 999_999)  # a row that does not exist
     worker = burst()
     assert len(outbox_mail) == 1
-    assert worker.stats.take() == (0, 0, 0, 0)  # the summary was already logged and reset
+    assert worker.stats.take() == (0, 0, 0, 0, 0)  # the summary was already logged and reset
     assert Delivery.objects.get(pk=delivery.pk).attempts == 1
     assert Delivery.objects.get(pk=cancelled.pk).status == Status.CANCELLED
     assert queue.redis.keys("{outbox}:processing:*") == []
@@ -194,8 +196,8 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
     worker = Worker(burst=True)
     row = Delivery.objects.get(pk=delivery.pk)
     stale = Started(row, row.email, [], old_token, 0.0, worker.generation)
-    worker._settle_alone(Settlement(stale, Attempt.Outcome.SENT), [])
-    worker._settle_alone(worker._failure(stale, OSError("late")), [])
+    settle_alone(worker, Settlement(stale, Attempt.Outcome.SENT))
+    settle_alone(worker, failure(stale, OSError("late"), timezone.now()))
     row.refresh_from_db()
     assert row.status == Status.PROCESSING and row.claim_token == new_token
     assert row.last_error == ""
@@ -220,9 +222,7 @@ def test_an_outcome_written_twice_is_written_once():
         started = Started(row, row.email, [], token, 0.0, worker.generation)
         settlements.append(Settlement(started, outcome, "550 no such user" * (outcome != "sent")))
     for settlement in settlements * 2:
-        acks: list[int] = []
-        worker._settle_alone(settlement, acks)
-        assert acks == [settlement.delivery.pk]
+        assert settle_alone(worker, settlement) == [settlement.delivery.pk]
     assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
     assert Delivery.objects.get(pk=failed.pk).status == Status.FAILED
     assert list(Attempt.objects.values_list("delivery_id", "outcome")) == [(failed.pk, "failed")]
@@ -305,7 +305,7 @@ def test_declared_dead_worker_reregisters_under_a_new_id(queue, outbox_mail):
     thread.start()
     try:
         first = wait_until(lambda: next(iter(queue.live_workers()), None), 5)
-        queue.declare_dead(cutoff=float("inf"))
+        queue.declare_dead(timeout=-1)
         second = wait_until(lambda: next((w for w in queue.live_workers() if w != first), None), 5)
         assert second != first and worker.worker_id == second
         enqueue_email("s", "b", None, ["a@example.com"])
@@ -367,9 +367,12 @@ def test_worker_survives_a_redis_restart(redis_server, settings, outbox_mail):
 def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     worker = Worker(burst=True)
-    claimed = queue.claim(worker.worker_id, 2)
+    queue.register(worker.worker_id)
+    claimed = queue.claim(worker.worker_id, 2).items
     assert len(claimed) == 2
-    worker._give_back(__import__("collections").deque(claimed), [])
+    loop = SenderLoop(worker, 0, locmem.EmailBackend())
+    loop.pending.extend(claimed)
+    loop._give_back()
     assert queue.redis.llen(queue.ready_key("normal")) == 2
     assert queue.redis.llen(queue.processing_key(worker.worker_id)) == 0
     assert queue.push([QueueEntry(claimed[0].id, "normal", 0)]) == 0  # already back
@@ -379,7 +382,7 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it():
     """Prepared statements follow the project's OPTIONS["prepare_threshold"]."""
     from django.db import connection
 
-    from outbox.worker import _step_postgresql
+    from outbox.worker.sql import step_postgresql as _step_postgresql
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite has no server-side prepared statements")
@@ -410,3 +413,11 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it():
     finally:
         raw.prepare_threshold = saved
     assert Delivery.objects.filter(status=Status.PROCESSING).count() == 2
+
+
+def settle_alone(worker, settlement):
+    """Write one outcome the way a sender thread does when no next row is ready."""
+    loop = SenderLoop(worker, 0, locmem.EmailBackend())
+    loop.settlement = settlement
+    loop._settle_alone()
+    return loop.acks

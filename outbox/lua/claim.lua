@@ -1,26 +1,54 @@
--- A worker's round trip: forget the ids it has finished, promote due scheduled
--- ids, then move up to `count` ids into its processing list, high priority first.
--- KEYS[8] = this worker's processing list.
--- ARGV: now, count, promote_limit, n_acks, ack ids...
--- Returns a flat list: id1, prio1, id2, prio2, ...
-local now = tonumber(ARGV[1])
-local count = tonumber(ARGV[2])
-local n_acks = tonumber(ARGV[4])
+-- A worker thread's round trip: forget the ids it has finished, promote due
+-- scheduled ids, then move up to `count` ids into its processing list, high
+-- priority first, taking them out of the dedup set in the same step.
+-- ARGV: incarnation, count, promote_limit, thread, nonce, n_acks, ack ids...
+-- Returns: Redis time, registered (1/0), then id1, prio1, id2, prio2, ...
+--
+-- Registration is checked first: an incarnation the sweeper declared dead must
+-- not claim into a list that nobody will reap (its acks do not matter then:
+-- the sweeper reaps the whole list). A retry with the nonce of a
+-- claim whose reply was lost gets that claim's ids again instead of new ones,
+-- so no id hides in the processing list for the worker's lifetime.
+local now = redis_now()
+if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
+  return {time_reply(now), 0}
+end
+local out = {time_reply(now), 1}
+local last = redis.call('HGET', KEYS[10], ARGV[4])
+if last then
+  local sep = string.find(last, '|', 1, true)
+  if string.sub(last, 1, sep - 1) == ARGV[5] then
+    for item in string.gmatch(string.sub(last, sep + 1), '[^,]+') do
+      out[#out + 1] = item
+    end
+    return out  -- its acks were applied then: applying them again could drop a re-claimed id
+  end
+end
+local n_acks = tonumber(ARGV[6])
 for i = 1, n_acks do
-  redis.call('LREM', KEYS[8], -1, ARGV[4 + i])
+  redis.call('LREM', KEYS[9], -1, ARGV[6 + i])
 end
 promote(now, tonumber(ARGV[3]))
-local out = {}
-local taken = 0
+local count = tonumber(ARGV[2])
+local taken = {}  -- id1, prio1, id2, prio2, ...
+local n = 0
 for prio = 1, 3 do
-  while taken < count do
-    local id = redis.call('LMOVE', KEYS[2 + prio], KEYS[8], 'RIGHT', 'LEFT')
+  while n < count do
+    local id = redis.call('LMOVE', KEYS[2 + prio], KEYS[9], 'RIGHT', 'LEFT')
     if not id then break end
     redis.call('SREM', KEYS[1], id)
-    out[#out + 1] = id
-    out[#out + 1] = prio
-    taken = taken + 1
+    taken[#taken + 1] = id
+    taken[#taken + 1] = prio
+    n = n + 1
   end
-  if taken >= count then break end
+  if n >= count then break end
+end
+redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. table.concat(taken, ','))
+if n < count then
+  -- Nothing is left to take: no token may wake a worker for nothing.
+  redis.call('DEL', KEYS[8])
+end
+for _, item in ipairs(taken) do
+  out[#out + 1] = item
 end
 return out

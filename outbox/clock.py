@@ -1,0 +1,51 @@
+"""The one clock: Redis' ``TIME``, seen from a worker or sweeper host.
+
+Every decision about time in the queue is made on one clock, so that a host
+whose own clock is minutes off neither looks dead nor sends late:
+
+- heartbeats, the dead-worker cutoff, claims and the promotion of scheduled ids
+  are timed with Redis ``TIME`` inside the Lua scripts (``lua/_common.lua``);
+- whether a row is due is decided in SQL with the database's own clock
+  (``now()`` on PostgreSQL; SQLite has no server clock, so there Redis
+  time is passed in, the clock that also promoted the id);
+- times the worker and the sweeper write on rows (start of an attempt, retry
+  time, sent time) and the sweeper's "stuck since" cutoff are Redis time too,
+  read from the replies of the scripts above through :class:`RedisClock`, so
+  they agree with each other whatever the host's clock says.
+
+Redis and the database are servers whose clocks an operator keeps in step
+(NTP); hosts that run workers need not be.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from datetime import timezone as dt_timezone
+
+
+class RedisClock:
+    """This host's view of Redis' clock: the local clock plus the last seen offset.
+
+    ``observe()`` is fed the Redis time that every claim and heartbeat reply
+    carries; until the first reply the local clock is used as it is.
+    """
+
+    def __init__(self) -> None:
+        self.offset = 0.0
+
+    def observe(self, redis_now: float) -> None:
+        # A float assignment is atomic in CPython: threads share one clock safely.
+        self.offset = redis_now - time.time()
+
+    def time(self) -> float:
+        """Redis time now, epoch seconds."""
+        return time.time() + self.offset
+
+    def now(self) -> datetime:
+        """Redis time now, as an aware UTC datetime (what Django stores)."""
+        return datetime.fromtimestamp(self.time(), tz=dt_timezone.utc)
+
+
+def from_timestamp(ts: float) -> datetime:
+    return datetime.fromtimestamp(ts, tz=dt_timezone.utc)

@@ -1,0 +1,379 @@
+"""One sender thread's loop: claim ids, mark a row, send it, settle it, repeat.
+
+The loop reads as the protocol does (see the package docstring): each step is
+one call into the room that owns it. Its state lives in named attributes of
+one :class:`SenderLoop`, one per thread:
+
+``pending``     ids claimed from Redis, not yet looked at
+``acks``        ids finished since the last claim (forgotten by the next one)
+``tokens``      claim tokens to reuse when a claim UPDATE must be retried
+``settlement``  the outcome of the message in hand, not yet written
+``nonce``       the claim to repeat after a lost reply, or None
+``backend_open`` whether the delivery connection is open
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections import deque
+from typing import TYPE_CHECKING
+
+from django.core.mail.backends.base import BaseEmailBackend
+from django.db import DatabaseError, connection, transaction
+from django.db.models.functions import Now
+from redis.exceptions import RedisError
+
+from ..backends import watch_handover
+from ..conf import outbox_settings
+from ..exceptions import DeliveryError
+from ..message import build_message
+from ..models import Attachment, Attempt, Delivery, Email
+from ..queue import Claimed, QueueEntry
+from . import sql
+from .faults import fault
+from .outcomes import (
+    Settlement,
+    Started,
+    failure,
+    persist,
+    sent_but_not_ours,
+    write_outcome,
+)
+from .report import announce
+
+if TYPE_CHECKING:
+    from .process import Worker
+
+logger = logging.getLogger("outbox.worker")
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+
+
+class SenderLoop:
+    """The claim-mark-send-settle loop of one thread of a :class:`Worker`."""
+
+    def __init__(self, worker: Worker, index: int, backend: BaseEmailBackend) -> None:
+        self.worker = worker
+        self.index = index
+        self.backend = backend
+        self.backend_open = False
+        self.pending: deque[Claimed] = deque()
+        self.acks: list[int] = []
+        self.tokens: dict[int, uuid.UUID] = {}
+        self.settlement: Settlement | None = None
+        self.nonce: str | None = None
+        self.generation = worker.generation
+        self.pause = Backoff(worker)
+
+    def run(self) -> None:
+        """Deliver until the worker stops; the last outcome and the give-back always run."""
+        try:
+            while not self.worker.stop_event.is_set():
+                self._forget_claims_of_a_dead_incarnation()
+                if not self.pending:
+                    more = self._claim()
+                    if more is None:
+                        break
+                    if not more:
+                        continue
+                started = self._mark(self.pending.popleft())
+                if started is None:
+                    continue
+                self.settlement = self._deliver(started)
+                if self.worker.count_handled():
+                    break
+        finally:
+            self._settle_alone()
+            self._give_back()
+
+    # -- step 1: claim ----------------------------------------------------------
+
+    def _claim(self) -> bool | None:
+        """Claim more ids. True: got some; False: look again; None: nothing left to do."""
+        want = self.worker.claim_size()
+        if want <= 0:
+            return None
+        worker_id = self.worker.worker_id
+        # A fresh nonce per claim; the same one again after an error, so that a
+        # claim whose reply was lost hands back its ids instead of hiding them.
+        self.nonce = self.nonce or uuid.uuid4().hex
+        try:
+            result = self.worker.queue.claim(
+                worker_id, want, thread=self.index, nonce=self.nonce, acks=self.acks
+            )
+        except RedisError as exc:
+            self._settle_alone()
+            self.pause.wait("Redis", exc)
+            return False
+        self.nonce = None
+        self.acks = []
+        self.worker.clock.observe(result.now)
+        self.pause.reset()
+        if not result.registered:
+            self.worker.reincarnate(worker_id)
+            return False
+        if result.items:
+            self.pending.extend(result.items)
+            fault("after_claim")
+            return True
+        if self.settlement is not None:
+            # Never wait with an outcome unwritten; then claim again, since a
+            # retry it pushes back may be due at once.
+            self._settle_alone()
+            return False
+        if self.worker.burst:
+            return None
+        self._idle()
+        return False
+
+    def _idle(self) -> None:
+        if self.backend_open:
+            # Idle: close rather than let the server time us out mid-send.
+            _close_quietly(self.backend)
+            self.backend_open = False
+        try:
+            self.worker.queue.wait(outbox_settings.BLOCK_TIMEOUT)
+        except RedisError as exc:
+            self.pause.wait("Redis", exc)
+
+    def _forget_claims_of_a_dead_incarnation(self) -> None:
+        if self.generation != self.worker.generation:
+            # Declared dead: ids claimed under the old incarnation are the
+            # sweeper's. (An unwritten outcome is still ours: its token says so.)
+            self.pending.clear()
+            self.acks.clear()
+            self.nonce = None
+            self.generation = self.worker.generation
+
+    # -- step 2 (with step 4 of the previous message): mark -----------------------
+
+    def _mark(self, item: Claimed) -> Started | None:
+        """Write the previous outcome and mark ``item`` processing, in one commit.
+
+        Returns what to send, or None (a stale id, or the database is away and
+        the item waits at the head of ``pending`` with its token).
+        """
+        token = self.tokens.pop(item.id, None) or uuid.uuid4()
+        try:
+            changed, claimed = self._settle_and_mark(item, token)
+        except DatabaseError as exc:
+            # Keep the outcome and the token: if the transaction did commit,
+            # the retry finds both rows already written under our tokens.
+            _drop_db_connection()
+            self.pending.appendleft(item)
+            self.tokens[item.id] = token
+            self.pause.wait("the database", exc)
+            return None
+        self.pause.reset()
+        if self.settlement is not None:
+            self._settled(self.settlement, changed)
+        started = self._started(item, token, claimed)
+        if started is None:
+            self.acks.append(item.id)
+            return None
+        fault("after_mark_processing")
+        return started
+
+    def _settle_and_mark(
+        self, item: Claimed, token: uuid.UUID
+    ) -> tuple[int, sql.ClaimedRow | None]:
+        """Step 4 of the previous message and step 2 of the next, in one transaction.
+
+        On PostgreSQL the common case (no outcome, or a success) is a single
+        statement run in autocommit, which PostgreSQL executes atomically: one
+        round trip and one commit per email. Raises DatabaseError when the
+        database is away; the caller retries with the same outcome and token.
+        """
+        s = self.settlement
+        now = self.worker.clock.now()
+        worker_id = self.worker.worker_id
+        if connection.vendor == "postgresql" and (s is None or s.outcome == Outcome.SENT):
+            settle = (s.delivery.pk, s.started.token) if s is not None else None
+            known = self.worker.emails.recent()
+            changed, claimed = sql.step_postgresql(settle, item.id, worker_id, token, now, known)
+            if s is not None and not changed:
+                changed = sent_but_not_ours(s, now)
+            return changed, claimed
+        with transaction.atomic():
+            changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
+            return changed, sql.claim_row(item.id, worker_id, token, now)
+
+    def _started(
+        self, item: Claimed, token: uuid.UUID, claimed: sql.ClaimedRow | None
+    ) -> Started | None:
+        """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
+
+        The UPDATE left the row naming this incarnation, the claim token and
+        the start time: all the evidence the sweeper needs if we die before
+        step 4.
+        """
+        # No close_old_connections() here: with CONN_MAX_AGE=0 it would open a
+        # new connection for every email. The connection lives as long as the
+        # thread and is dropped only after a DatabaseError.
+        if claimed is None:
+            owned = Delivery.objects.filter(
+                pk=item.id, status=Status.PROCESSING, claim_token=token
+            ).first()
+            if owned is None:
+                self._reschedule_if_early(item)
+                self.worker.stats.add("skipped")
+                return None
+            # Our earlier UPDATE committed; its reply was lost.
+            claimed = sql.ClaimedRow(owned, None, False)
+        delivery = claimed.delivery
+        if claimed.email is not None:
+            email, attachments = self._remember(claimed.email, claimed.has_attachments)
+        else:
+            email, attachments = self._email(delivery.email_id)
+        generation = self.worker.generation
+        return Started(delivery, email, attachments, token, time.monotonic(), generation)
+
+    def _reschedule_if_early(self, item: Claimed) -> None:
+        """A queued row that is not due yet was pushed early: put it in `scheduled`."""
+        # The same clock as the claim statement's due test (see sql.py).
+        now = Now() if connection.vendor == "postgresql" else self.worker.clock.now()
+        row = (
+            Delivery.objects.filter(pk=item.id, status=Status.QUEUED, not_before__gt=now)
+            .values_list("priority", "not_before")
+            .first()
+        )
+        if row is not None:
+            priority, not_before = row
+            entry = QueueEntry(item.id, priority, not_before.timestamp())
+            transaction.on_commit(lambda: self.worker.push_quietly([entry]))
+
+    def _email(self, email_id: int) -> tuple[Email, list[Attachment]]:
+        cached = self.worker.emails.get(email_id)
+        if cached is not None:
+            return cached
+        return self._remember(*sql.load_email(email_id))
+
+    def _remember(self, email: Email, has_attachments: bool) -> tuple[Email, list[Attachment]]:
+        attachments = (
+            list(Attachment.objects.filter(email_id=email.pk).order_by("pk"))
+            if has_attachments
+            else []
+        )
+        self.worker.emails.put(email, attachments)
+        return email, attachments
+
+    # -- step 3: send -----------------------------------------------------------
+
+    def _deliver(self, started: Started) -> Settlement:
+        """Hand the message to the backend; returns the outcome to write."""
+        if not self.backend_open:
+            try:
+                self.backend.open()
+                watch_handover(self.backend)
+                self.backend_open = True
+            except Exception as exc:
+                # Cannot reach the mail server: nothing was handed over.
+                return failure(started, exc, self.worker.clock.now())
+        settlement = self._send(started)
+        if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
+            _close_quietly(self.backend)
+            self.backend_open = False
+        return settlement
+
+    def _send(self, started: Started) -> Settlement:
+        lease = outbox_settings.HEARTBEAT_TIMEOUT * 0.8
+        if (
+            started.generation != self.worker.generation
+            or time.monotonic() - started.started > lease
+        ):
+            # We were frozen or declared dead between marking and sending: the
+            # sweeper may already have acted on this row, so do not send it.
+            logger.warning(
+                "delivery %s: lease expired before sending; releasing it", started.delivery.pk
+            )
+            return Settlement(started, Outcome.RELEASED, "lease expired before sending")
+        try:
+            message = build_message(started.delivery, started.email, started.attachments)
+            if self.backend.send_messages([message]) != 1:
+                raise DeliveryError("the email backend reported the message as not sent")
+        except Exception as exc:
+            return failure(started, exc, self.worker.clock.now())
+        fault("after_send")
+        return Settlement(started, Outcome.SENT)
+
+    # -- step 4 on its own, and giving back ---------------------------------------
+
+    def _settle_alone(self) -> None:
+        """Write the outcome in hand when there is no next row to share a commit with."""
+        s = self.settlement
+        if s is None:
+            return
+
+        def write() -> int:
+            with transaction.atomic():
+                return write_outcome(s, self.worker.clock.now(), self.worker.push_quietly)
+
+        changed = persist(write, s, self.worker.stop_event, _drop_db_connection)
+        self.settlement = None
+        if changed is not None:
+            self._settled(s, changed)
+
+    def _settled(self, s: Settlement, changed: int) -> None:
+        announce(s, changed, self.worker.stats, self.worker.worker_id)
+        self.acks.append(s.delivery.pk)
+        self.settlement = None
+
+    def _give_back(self) -> None:
+        """Return claimed-but-unstarted ids to the ready lists (shutdown, quota).
+
+        If Redis refuses, they stay in the processing list, where the sweeper
+        finds them once this incarnation is gone (deregistering never deletes
+        them). An outcome that could not be written is not acknowledged, so
+        its id stays there too.
+        """
+        if not self.pending and not self.acks:
+            return
+        now = self.worker.clock.time()
+        entries = [QueueEntry(c.id, c.priority, now) for c in self.pending]
+        try:
+            self.worker.queue.release(self.worker.worker_id, entries, acks=self.acks)
+            self.pending.clear()
+            self.acks = []
+        except RedisError as exc:
+            logger.warning(
+                "could not give back %d claimed ids (%s); the sweeper will, once this "
+                "worker is gone",
+                len(entries),
+                exc,
+            )
+
+
+class Backoff:
+    """Growing pause while Redis or the database is away, logged once per outage."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+        self.delay = 0.0
+
+    def reset(self) -> None:
+        if self.delay:
+            logger.info("connection restored")
+        self.delay = 0.0
+
+    def wait(self, what: str, exc: BaseException | None) -> None:
+        if not self.delay:
+            logger.warning("%s is unavailable (%s); backing off", what, exc or "error")
+        self.delay = min(max(self.delay * 2, 0.2), 5.0)
+        self.worker.stop_event.wait(self.delay)
+
+
+def _close_quietly(backend: BaseEmailBackend) -> None:
+    try:
+        backend.close()
+    except Exception:  # a dead connection may fail to say goodbye
+        logger.debug("closing the delivery connection failed", exc_info=True)
+
+
+def _drop_db_connection() -> None:
+    try:
+        connection.close()
+    except Exception:
+        logger.debug("closing the database connection failed", exc_info=True)

@@ -1,0 +1,239 @@
+"""Step 4 of the protocol: what one attempt's outcome is, and writing it down.
+
+An attempt ends in one of these, each written by ONE conditional UPDATE that
+matches the row's claim token (``status = 'processing' AND claim_token = ...``),
+in the same transaction as its Attempt row:
+
+``sent``       the backend accepted the message: the row becomes ``sent``
+``retry``      a transient failure: back to ``queued`` with a backoff
+``failed``     a permanent failure, or the last attempt: ``failed``
+``ambiguous``  the connection broke after the body was handed over, so the
+               server may have the message. Under ``ABANDONED_POLICY =
+               "review"`` the row becomes ``abandoned`` for a person, exactly
+               like a crash inside the send window, and is never resent
+               automatically; under ``"requeue"`` it is retried.
+``released``   never handed over (the lease ran out first): back to ``queued``,
+               and the attempt does not count
+
+If the UPDATE changes no row, someone else (the sweeper, an operator) settled
+the row meanwhile; nothing is overwritten. A success is still written as an
+Attempt row then: it is the evidence an operator needs.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db import DatabaseError, transaction
+from django.db.models import F
+
+from ..conf import outbox_settings
+from ..failures import FailureKind, classify
+from ..models import Attachment, Attempt, Delivery, Email
+from ..queue import QueueEntry
+from .sql import mark_sent
+
+logger = logging.getLogger("outbox.worker")
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+
+# How long a worker keeps retrying the final write after the database failed
+# it during shutdown; after that the row stays `processing` for the sweeper.
+FINALIZE_PATIENCE = 60.0
+
+
+@dataclass
+class Started:
+    """A row this worker marked processing: what it needs to send and settle it."""
+
+    delivery: Delivery
+    email: Email
+    attachments: list[Attachment]
+    token: uuid.UUID
+    started: float  # time.monotonic() when marked processing
+    generation: int
+
+
+@dataclass
+class Settlement:
+    """The outcome of one attempt, waiting to be written."""
+
+    started: Started
+    outcome: str  # an Attempt.Outcome: sent, retry, failed, ambiguous or released
+    error: str = ""
+    retry_at: datetime | None = None
+    permanent: bool = False
+
+    @property
+    def delivery(self) -> Delivery:
+        return self.started.delivery
+
+
+def backoff_delay(attempt: int, base: float, cap: float) -> float:
+    """Exponential backoff with jitter: between half and all of base * 2**(n-1), capped."""
+    ceiling = min(cap, base * 2 ** max(0, attempt - 1))
+    return ceiling / 2 + random.uniform(0, ceiling / 2)
+
+
+def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
+    """The outcome of an attempt that raised ``exc``; ``now`` is Redis time."""
+    delivery = started.delivery
+    error = f"{type(exc).__name__}: {exc}"[:2000]
+    kind = classify(exc)
+    if kind is FailureKind.AMBIGUOUS:
+        error = f"in doubt: {error}"[:2000]
+        if outbox_settings.ABANDONED_POLICY == "review":
+            return Settlement(started, Outcome.AMBIGUOUS, error)
+    permanent = kind is FailureKind.PERMANENT
+    if permanent or delivery.attempts >= delivery.max_attempts:
+        return Settlement(started, Outcome.FAILED, error, permanent=permanent)
+    base, cap = outbox_settings.RETRY_BACKOFF
+    delay = backoff_delay(delivery.attempts, base, cap)
+    return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
+
+
+def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]], None]) -> int:
+    """Write ``s`` inside the caller's transaction; returns how many rows changed.
+
+    A success is recorded on the row itself (status, ``sent_at``, and the
+    worker, token, start time and attempt number it was claimed with): that is
+    the evidence, so it writes no Attempt row. Any other outcome also writes
+    its Attempt row, and a retry or a release pushes the id back to Redis
+    (forced: it is in no ready list) once the transaction commits.
+    """
+    delivery = s.delivery
+    if s.outcome == Outcome.SENT:
+        return mark_sent(delivery.pk, s.started.token, now) or sent_but_not_ours(s, now)
+    rows = Delivery.objects.filter(
+        pk=delivery.pk, status=Status.PROCESSING, claim_token=s.started.token
+    )
+    if s.outcome == Outcome.FAILED:
+        changed = rows.update(status=Status.FAILED, last_error=s.error, updated_at=now)
+    elif s.outcome == Outcome.AMBIGUOUS:
+        changed = rows.update(status=Status.ABANDONED, last_error=s.error, updated_at=now)
+    elif s.outcome == Outcome.RETRY:
+        changed = rows.update(
+            status=Status.QUEUED,
+            not_before=s.retry_at,
+            last_error=s.error,
+            claim_token=None,
+            worker_id="",
+            updated_at=now,
+        )
+    else:  # released: not sent, so the attempt does not count
+        changed = rows.update(
+            status=Status.QUEUED,
+            attempts=F("attempts") - 1,
+            not_before=now,
+            claim_token=None,
+            worker_id="",
+            updated_at=now,
+        )
+    if not changed and attempt_logged(s):
+        # A retry after a commit whose reply was lost: nothing to write again.
+        changed = 1
+    else:
+        log_attempt(s, now)
+    if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
+        due = s.retry_at or now
+        entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
+        transaction.on_commit(lambda: push([entry]))
+    return changed
+
+
+def sent_but_not_ours(s: Settlement, now: datetime) -> int:
+    """The success UPDATE changed nothing: find out why (rare).
+
+    Returns 1 if the row is already ``sent`` under this attempt's token (a
+    retry after a commit whose reply was lost). Otherwise someone else (the
+    sweeper, an operator) settled the row meanwhile: the server's acceptance
+    is then written as an Attempt row, the evidence an operator needs, and 0
+    is returned.
+    """
+    if Delivery.objects.filter(
+        pk=s.delivery.pk, status=Status.SENT, claim_token=s.started.token
+    ).exists():
+        return 1
+    if not attempt_logged(s):
+        log_attempt(s, now)
+    return 0
+
+
+def log_attempt(s: Settlement, finished: datetime) -> None:
+    delivery = s.delivery
+    error = s.error
+    if s.outcome == Outcome.AMBIGUOUS:
+        error = (
+            f"{error}; the server may have accepted Message-ID {delivery.message_id}: "
+            "check the mail logs, then mark it sent or requeue it"
+        )[:2000]
+    Attempt.objects.create(
+        delivery_id=delivery.pk,
+        number=delivery.attempts,
+        worker_id=delivery.worker_id,
+        claim_token=s.started.token,
+        started_at=delivery.processing_started_at or finished,
+        finished_at=finished,
+        outcome=s.outcome,
+        error=error,
+        actor=delivery.worker_id,
+    )
+
+
+def attempt_logged(s: Settlement) -> bool:
+    """Whether this attempt's outcome already has its Attempt row.
+
+    True after a retry of a commit whose reply was lost: the Attempt row is
+    written in the same transaction as the outcome, so its claim token is the
+    proof.
+    """
+    return Attempt.objects.filter(
+        delivery_id=s.delivery.pk, claim_token=s.started.token, outcome=s.outcome
+    ).exists()
+
+
+def persist(
+    write: Callable[[], int], s: Settlement, stop: threading.Event, drop: Callable[[], None]
+) -> int | None:
+    """Run a settling write, retrying while the database is unreachable.
+
+    The outcome is known (the mail server accepted the message, or refused
+    it): writing it down is worth waiting for, so the thread retries until
+    the database answers. Only during shutdown does it give up, after
+    FINALIZE_PATIENCE seconds; the row then stays ``processing`` and its id
+    stays in the processing list, and the sweeper flags it once this worker
+    is gone. Returns the rows changed, or None when it gave up.
+    """
+    deadline = time.monotonic() + FINALIZE_PATIENCE
+    delay = 0.2
+    while True:
+        try:
+            return write()
+        except DatabaseError as exc:
+            drop()
+            if stop.is_set() and time.monotonic() >= deadline:
+                logger.error(
+                    "could not record delivery %s (Message-ID %s) as %s: %s; the row "
+                    "stays processing for the sweeper",
+                    s.delivery.pk,
+                    s.delivery.message_id,
+                    s.outcome,
+                    exc,
+                )
+                return None
+            logger.warning(
+                "database error recording delivery %s as %s (%s); retrying",
+                s.delivery.pk,
+                s.outcome,
+                exc,
+            )
+            time.sleep(delay)
+            delay = min(delay * 2, 5.0)

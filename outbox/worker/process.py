@@ -1,0 +1,256 @@
+"""The worker process: its incarnation, threads, signals, heartbeat and summary.
+
+Every start of a worker process is its own *incarnation*: the operator's
+``--worker-id`` (default ``host:pid``) plus ``#`` and a random suffix. Rows,
+processing lists and heartbeats name the incarnation, so a worker restarted at
+once under the same ``--worker-id`` (systemd ``%i``, a StatefulSet pod name)
+never revives its predecessor's registration: the sweeper sees the old
+incarnation stop beating and settles what it left behind. An incarnation the
+sweeper declared dead can no longer claim (``claim.lua`` checks the
+registration); this process then carries on as a new incarnation.
+
+``concurrency`` sender threads each run a :class:`~outbox.worker.loop.SenderLoop`
+on their own delivery connection and database connection; one more thread
+writes the heartbeat. A sender thread that crashes stops the process, which
+then exits with status 1.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from types import FrameType
+
+from django.core.mail.backends.base import BaseEmailBackend
+from django.db import connection
+from redis.exceptions import RedisError
+
+from ..backends import get_delivery_connection
+from ..clock import RedisClock
+from ..conf import outbox_settings
+from ..queue import QueueEntry, RedisQueue
+from .cache import EmailCache
+from .loop import SenderLoop, _close_quietly
+from .report import Stats
+
+logger = logging.getLogger("outbox.worker")
+
+
+def default_worker_id() -> str:
+    """The worker's name when none is given: host and pid."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def new_incarnation(name: str) -> str:
+    """A name unique to one process start: ``<name>#<12 hex digits>``."""
+    return f"{name}#{uuid.uuid4().hex[:12]}"
+
+
+class Worker:
+    """Deliver outbox mail until stopped (or, with ``burst``, until nothing is due)."""
+
+    def __init__(
+        self,
+        *,
+        worker_id: str | None = None,
+        concurrency: int = 1,
+        burst: bool = False,
+        max_messages: int | None = None,
+        queue: RedisQueue | None = None,
+        summary_interval: float = 60.0,
+        progress: Callable[[int, float], None] | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be at least 1")
+        self.name = worker_id or default_worker_id()
+        self.worker_id = new_incarnation(self.name)
+        self.concurrency = concurrency
+        self.burst = burst
+        self.max_messages = max_messages
+        self.queue = queue or RedisQueue()
+        self.summary_interval = summary_interval
+        self.progress = progress
+        self.stop_event = threading.Event()
+        self.stats = Stats()
+        self.clock = RedisClock()
+        self.emails = EmailCache()
+        # Bumped at every new incarnation: ids claimed under an older one are
+        # the sweeper's now.
+        self.generation = 0
+        self.crashed = False
+        self._handled = 0
+        self._lock = threading.Lock()
+        self._sigint_count = 0
+
+    @property
+    def delivered_total(self) -> int:
+        return self.stats.delivered_total
+
+    # -- life cycle ---------------------------------------------------------------
+
+    def run(self, install_signal_handlers: bool = True) -> int:
+        """Run until stopped; returns the exit status: 0, or 1 if a sender thread crashed."""
+        if install_signal_handlers:
+            self._install_signal_handlers()
+        self._register()
+        logger.info(
+            "worker %s started: concurrency %d%s",
+            self.worker_id,
+            self.concurrency,
+            ", burst" if self.burst else "",
+        )
+        heartbeat = threading.Thread(
+            target=self._heartbeat_loop, name="outbox-heartbeat", daemon=True
+        )
+        heartbeat.start()
+        threads = [
+            threading.Thread(target=self._thread_main, args=(i,), name=f"outbox-sender-{i}")
+            for i in range(self.concurrency)
+        ]
+        started = time.monotonic()
+        for thread in threads:
+            thread.start()
+        last_summary = time.monotonic()
+        while any(t.is_alive() for t in threads):
+            for thread in threads:
+                thread.join(timeout=0.2)
+            if time.monotonic() - last_summary >= self.summary_interval:
+                self.stats.summary(self.worker_id, time.monotonic() - last_summary)
+                last_summary = time.monotonic()
+        self.stop_event.set()
+        heartbeat.join(timeout=5)
+        self.stats.summary(self.worker_id, time.monotonic() - last_summary)
+        self._deregister()
+        logger.info(
+            "worker %s stopped after %.1fs: %d delivered%s",
+            self.worker_id,
+            time.monotonic() - started,
+            self.delivered_total,
+            "; a sender thread crashed" if self.crashed else "",
+        )
+        return 1 if self.crashed else 0
+
+    def stop(self) -> None:
+        """Ask every thread to finish the message in hand and exit."""
+        self.stop_event.set()
+
+    def _install_signal_handlers(self) -> None:
+        def graceful(signum: int, frame: FrameType | None) -> None:
+            if signum == signal.SIGINT:
+                self._sigint_count += 1
+                if self._sigint_count > 1:
+                    logger.warning("second interrupt: exiting at once")
+                    os._exit(130)
+            logger.info(
+                "%s: finishing the messages in hand, then exiting", signal.Signals(signum).name
+            )
+            self.stop()
+
+        signal.signal(signal.SIGTERM, graceful)
+        signal.signal(signal.SIGINT, graceful)
+
+    def _thread_main(self, index: int) -> None:
+        backend: BaseEmailBackend | None = None
+        try:
+            backend = get_delivery_connection()
+            SenderLoop(self, index, backend).run()
+        except Exception:
+            logger.exception("sender thread crashed; stopping the worker")
+            self.crashed = True
+            self.stop_event.set()
+        finally:
+            if backend is not None:
+                _close_quietly(backend)
+            connection.close()
+
+    # -- registration and heartbeat ------------------------------------------------
+
+    def _register(self) -> None:
+        while True:
+            try:
+                self.clock.observe(self.queue.register(self.worker_id))
+                return
+            except RedisError as exc:
+                logger.warning("cannot register with Redis (%s); retrying", exc)
+                if self.stop_event.wait(1.0):
+                    return
+
+    def _deregister(self) -> None:
+        try:
+            self.queue.release(self.worker_id, [], deregister=True)
+        except RedisError as exc:
+            # The sweeper will find the stale heartbeat and clean up after us.
+            logger.warning("could not deregister from Redis: %s", exc)
+
+    def reincarnate(self, old: str) -> None:
+        """Carry on as a new incarnation after ``old`` was declared dead.
+
+        Called by whichever thread noticed first; the others find the name
+        already changed.
+        """
+        with self._lock:
+            if self.worker_id != old:
+                return
+            self.generation += 1
+            self.worker_id = new_incarnation(self.name)
+        logger.warning(
+            "worker %s was declared dead (or Redis lost its entry); its claims are the "
+            "sweeper's now; continuing as %s",
+            old,
+            self.worker_id,
+        )
+        self._register()
+
+    def _heartbeat_loop(self) -> None:
+        interval = outbox_settings.HEARTBEAT_INTERVAL
+        while not self.stop_event.wait(interval):
+            worker_id = self.worker_id
+            try:
+                now, alive = self.queue.heartbeat(worker_id)
+            except RedisError as exc:
+                logger.warning("heartbeat failed: %s", exc)
+                continue
+            self.clock.observe(now)
+            if not alive:
+                self.reincarnate(worker_id)
+
+    # -- shared by the sender threads ------------------------------------------------
+
+    def claim_size(self) -> int:
+        """How many ids a thread may claim now (the batch, or what --max-messages leaves)."""
+        batch = outbox_settings.CLAIM_BATCH
+        if self.max_messages is None:
+            return batch
+        with self._lock:
+            return min(batch, max(0, self.max_messages - self._handled))
+
+    def count_handled(self) -> bool:
+        """Count one finished message; True when --max-messages is reached."""
+        with self._lock:
+            self._handled += 1
+            done = self.max_messages is not None and self._handled >= self.max_messages
+        if done:
+            self.stop_event.set()
+        if self.progress is not None:
+            self.progress(self.delivered_total, time.monotonic())
+        return done
+
+    def push_quietly(self, entries: list[QueueEntry]) -> None:
+        """Push ids that came out of our processing list back (forced); log a failure."""
+        try:
+            self.queue.push(entries, force=True)
+        except RedisError as exc:
+            logger.warning(
+                "could not push %d ids to Redis (%s); the sweeper will", len(entries), exc
+            )
+
+
+def run_worker(**options: object) -> int:
+    """Entry point for the management command."""
+    return Worker(**options).run()  # type: ignore[arg-type]
