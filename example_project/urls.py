@@ -1,3 +1,5 @@
+"""The example project's URLs: the admin, where deliveries can be watched and settled."""
+
 from django.contrib import admin
 from django.urls import path
 

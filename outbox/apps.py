@@ -1,3 +1,5 @@
+"""The app config: registers the system checks (checks.py) when Django starts."""
+
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
 

@@ -1,3 +1,5 @@
+"""Shared fixtures: a clean Redis per test, the queue, locmem mail, real SMTP and Redis servers, worker subprocesses."""
+
 from __future__ import annotations
 
 import subprocess

@@ -1,3 +1,5 @@
+"""URLs for the test project: the admin (the admin tests and the browser test use it)."""
+
 from django.contrib import admin
 from django.urls import include, path
 

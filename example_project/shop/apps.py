@@ -1,3 +1,5 @@
+"""The example shop app: its shop_demo command enqueues receipts and shows their deliveries."""
+
 from django.apps import AppConfig
 
 
