@@ -27,15 +27,37 @@ is the outbox itself. Typical settings::
         "smtp": {"OPTIONS": {"host": "smtp.example.com", "port": 587, "use_tls": True}},
     }
     OUTBOX = {"MAILER": "smtp"}
+
+**Time limit.** :func:`get_delivery_connection` bounds every wait on the mail
+server by ``OUTBOX["SEND_TIMEOUT"]`` (see its docstring): a server that
+accepts the connection and never answers holds a sending thread for about
+that long, not forever.
+
+**Ambiguous outcomes.** When the connection breaks or times out after the
+whole message was handed over (after SMTP's final ``.``, before the server's
+reply), the server may have the message; resending it could deliver it twice.
+Such an attempt is *in doubt*, and the worker treats it like a crash in the
+send window (``ABANDONED_POLICY``). How each backend says so:
+
+- Django's stock SMTP backend: the worker calls :func:`watch_handover` after
+  every successful ``backend.open()``; it instruments that one
+  ``smtplib.SMTP`` connection so that such a failure is raised as
+  :class:`~outbox.exceptions.AmbiguousDeliveryError`.
+- :class:`SendmailBackend`: a child killed (by the time limit or a signal)
+  after it was given the whole message raises it itself.
+- Any other backend: raise ``AmbiguousDeliveryError`` from
+  :mod:`outbox.exceptions` (``from`` the original error), for example when an
+  HTTP API call times out after the request was sent. Everything else keeps
+  its meaning: :func:`outbox.failures.classify` decides.
 """
 
 from __future__ import annotations
 
+import inspect
 import logging
-import subprocess
+import math
 import warnings
 from collections.abc import Sequence
-from email.utils import parseaddr
 from typing import Any
 
 from django.conf import settings
@@ -47,11 +69,15 @@ from django.db import DatabaseError
 from django.utils.module_loading import import_string
 
 from .conf import PRIORITIES, outbox_settings
-from .exceptions import DeliveryError
+
+# Re-exported: outbox.backends is where projects and the worker find these.
+from .handover import watch_handover as watch_handover
+from .sendmail import EX_TEMPFAIL as EX_TEMPFAIL
+from .sendmail import SendmailBackend as SendmailBackend
+from .sendmail import envelope_address as envelope_address
 
 HAS_MAILERS = hasattr(mail, "mailers")  # Django >= 6.1
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
-EX_TEMPFAIL = 75  # sysexits.h: "try again later"
 
 logger = logging.getLogger("outbox.backends")
 
@@ -78,91 +104,79 @@ def delivery_backend_path() -> str:
 
 
 def get_delivery_connection() -> BaseEmailBackend:
-    """A new instance of the worker's delivery backend (see the module docstring)."""
+    """A new instance of the worker's delivery backend, its waits bounded.
+
+    The backend is created as the module docstring says, then its time limit
+    is set to ``OUTBOX["SEND_TIMEOUT"]``, or kept when the project configured
+    a shorter one itself. The smaller of the two wins: SEND_TIMEOUT is what
+    the worker's own promises rest on (a stalled server frees the thread, and
+    SIGTERM completes, within about SEND_TIMEOUT), while a project may well
+    want a tighter limit for its server.
+
+    - A backend instance with a ``timeout`` attribute (Django's SMTP backend,
+      whose ``timeout`` comes from ``EMAIL_TIMEOUT`` or the mailer's
+      ``OPTIONS``; :class:`SendmailBackend`; most third-party backends): the
+      attribute becomes ``min(timeout, SEND_TIMEOUT)``, or SEND_TIMEOUT when
+      it is ``None`` (no limit). Django's SMTP backend reads it when it opens
+      the connection, as the socket timeout: it bounds each wait on the
+      server (the greeting, each reply, sending the body), not the sum.
+    - A class from ``OUTBOX["EMAIL_BACKEND"]`` whose constructor takes a
+      ``timeout`` keyword but whose instances show no ``timeout`` attribute:
+      it is created again with ``timeout=SEND_TIMEOUT`` (the outbox creates
+      that class with no other arguments, so nothing else is lost).
+    - Anything else is left as it is: give it a limit in its own options.
+    """
+    limit = outbox_settings.SEND_TIMEOUT
+    backend: BaseEmailBackend
     if outbox_settings.EMAIL_BACKEND:
         backend_class = import_string(outbox_settings.EMAIL_BACKEND)
-        backend: BaseEmailBackend = backend_class()
-        return backend
-    if _uses_mailers():
-        return mail.mailers[outbox_settings.MAILER or "default"]
-    if HAS_MAILERS:
-        return mail.mailers.default
-    return mail.get_connection()
+        backend = backend_class()
+        if not _has_timeout(backend) and _accepts_timeout(backend_class):
+            backend = backend_class(timeout=limit)
+    elif _uses_mailers():
+        backend = mail.mailers[outbox_settings.MAILER or "default"]
+    elif HAS_MAILERS:
+        backend = mail.mailers.default
+    else:
+        backend = mail.get_connection()
+    _limit_timeout(backend, limit)
+    return backend
 
 
-def envelope_address(value: str) -> str:
-    """The bare ``local@domain`` of an address, domain IDNA-encoded."""
-    address = parseaddr(value)[1] or value
-    local, _, domain = address.rpartition("@")
+_MISSING = object()
+
+
+def _is_seconds(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _has_timeout(backend: BaseEmailBackend) -> bool:
+    # None counts: for Django's SMTP backend it means "no limit", which we replace.
+    value = getattr(backend, "timeout", _MISSING)
+    return value is None or _is_seconds(value)
+
+
+def _accepts_timeout(backend_class: Any) -> bool:
     try:
-        domain = domain.encode("idna").decode("ascii")
-    except UnicodeError:
-        pass  # leave it; the mail server will refuse it and say why
-    return f"{local}@{domain}" if local else address
+        parameters = inspect.signature(backend_class).parameters
+    except (TypeError, ValueError):  # no signature to inspect (a C type, say)
+        return False
+    parameter = parameters.get("timeout")
+    return parameter is not None and parameter.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD,
+        inspect.Parameter.KEYWORD_ONLY,
+    )
 
 
-class SendmailBackend(BaseEmailBackend):
-    """Pipe each message to a sendmail binary, never through a shell.
-
-    Called as ``sendmail -oi -f <envelope sender> -- <recipients...>`` with the
-    message on standard input. Exit status 75 (``EX_TEMPFAIL``) is a transient
-    failure (the worker retries); any other non-zero status is permanent. Both
-    carry sendmail's standard error in the message.
-
-    Options (``OPTIONS`` of a Django 6.1 mailer, or keyword arguments):
-    ``sendmail_path`` (default ``OUTBOX["SENDMAIL_PATH"]``), ``timeout`` seconds.
-    """
-
-    def __init__(
-        self,
-        sendmail_path: str | None = None,
-        timeout: float = 60.0,
-        fail_silently: bool = False,
-        **kwargs: Any,
-    ) -> None:
-        super().__init__(**kwargs)
-        # Our own attribute: Django 6.1 deprecates the base class's.
-        self.fail_silently = fail_silently
-        self.sendmail_path = sendmail_path or outbox_settings.SENDMAIL_PATH
-        self.timeout = timeout
-
-    def send_messages(self, email_messages: Sequence[EmailMessage]) -> int:
-        sent = 0
-        for message in email_messages:
-            try:
-                if self._send(message):
-                    sent += 1
-            except DeliveryError:
-                if not self.fail_silently:
-                    raise
-        return sent
-
-    def _send(self, message: EmailMessage) -> bool:
-        recipients = message.recipients()
-        if not recipients:
-            return False
-        # The envelope carries bare addresses: a display name in `-f` or a
-        # recipient argument would reach MAIL FROM / RCPT TO verbatim in some
-        # sendmail implementations.
-        sender = envelope_address(message.from_email)
-        envelope = [envelope_address(addr) for addr in recipients]
-        data = message.message().as_bytes()
-        command = [self.sendmail_path, "-oi", "-f", sender, "--", *envelope]
+def _limit_timeout(backend: BaseEmailBackend, limit: float) -> None:
+    if not _has_timeout(backend):
+        return
+    current = getattr(backend, "timeout", None)
+    if current is None or current <= 0 or current > limit:
         try:
-            result = subprocess.run(
-                command, input=data, capture_output=True, timeout=self.timeout, check=False
-            )
-        except subprocess.TimeoutExpired:
-            raise DeliveryError(f"sendmail timed out after {self.timeout:g}s") from None
-        except OSError as exc:
-            raise DeliveryError(f"cannot run {self.sendmail_path}: {exc}") from exc
-        if result.returncode == 0:
-            return True
-        stderr = result.stderr.decode("utf-8", "replace").strip()
-        raise DeliveryError(
-            f"sendmail exited with status {result.returncode}: {stderr}",
-            permanent=result.returncode != EX_TEMPFAIL,
-        )
+            backend.timeout = limit  # type: ignore[attr-defined]
+        except AttributeError:  # a read-only property: the backend manages it itself
+            logger.debug("cannot set %s.timeout", type(backend).__name__)
 
 
 class OutboxBackend(BaseEmailBackend):

@@ -15,11 +15,13 @@ outbox.E007 the worker's delivery backend cannot be resolved or imported
 outbox.E008 the worker would deliver into the outbox itself
 outbox.W002 ``OUTBOX["MAILER"]`` is set but ``MAILERS`` is not in use
 outbox.W003 Django 6.1 with ``MAILERS``, and a dotted path in ``OUTBOX["EMAIL_BACKEND"]``
+outbox.E009 ``OUTBOX["SEND_TIMEOUT"]`` is not a positive number of seconds
 ========== ==============================================================
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -34,7 +36,6 @@ from .conf import ABANDONED_POLICIES, DEFAULTS, outbox_settings
 def check_outbox_settings(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
     raw = getattr(settings, "OUTBOX", {})
     if not isinstance(raw, dict):
         return [
@@ -44,61 +45,78 @@ def check_outbox_settings(
                 id="outbox.E001",
             )
         ]
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if unknown:
-        errors.append(
-            Warning(
-                f"Unknown OUTBOX setting(s): {', '.join(unknown)}.",
-                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
-                id="outbox.W001",
-            )
-        )
+    # One step per concern, each returning its findings; the order is the order
+    # the messages are reported in.
+    errors = _check_unknown_keys(raw)
+    errors += _check_redis_cache()
+    errors += _check_abandoned_policy()
+    errors += _check_numbers()
+    errors += _check_send_timeout(raw)
+    errors += _check_key_prefix()
+    errors += _check_delivery_target()
+    return errors
 
+
+def _check_unknown_keys(raw: dict[str, Any]) -> list[CheckMessage]:
+    unknown = sorted(set(raw) - set(DEFAULTS))
+    if not unknown:
+        return []
+    return [
+        Warning(
+            f"Unknown OUTBOX setting(s): {', '.join(unknown)}.",
+            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+            id="outbox.W001",
+        )
+    ]
+
+
+def _check_redis_cache() -> list[CheckMessage]:
     alias = outbox_settings.REDIS_CACHE
     caches = getattr(settings, "CACHES", {})
     if alias not in caches:
-        errors.append(
+        return [
             Error(
                 f"OUTBOX['REDIS_CACHE'] names the cache alias {alias!r}, which is not in CACHES.",
                 hint="Add a django-redis cache to CACHES, or point REDIS_CACHE at one.",
                 id="outbox.E002",
             )
+        ]
+    config = caches[alias]
+    backend = str(config.get("BACKEND", "")) if isinstance(config, dict) else ""
+    if backend.startswith("django_redis."):
+        return []
+    return [
+        Error(
+            f"The cache {alias!r} uses {backend!r}; the outbox needs django-redis.",
+            hint="Set its BACKEND to 'django_redis.cache.RedisCache'.",
+            id="outbox.E003",
         )
-    else:
-        config = caches[alias]
-        backend = str(config.get("BACKEND", "")) if isinstance(config, dict) else ""
-        if not backend.startswith("django_redis."):
-            errors.append(
-                Error(
-                    f"The cache {alias!r} uses {backend!r}; the outbox needs django-redis.",
-                    hint="Set its BACKEND to 'django_redis.cache.RedisCache'.",
-                    id="outbox.E003",
-                )
-            )
+    ]
 
-    if outbox_settings.ABANDONED_POLICY not in ABANDONED_POLICIES:
-        errors.append(
-            Error(
-                f"OUTBOX['ABANDONED_POLICY'] is {outbox_settings.ABANDONED_POLICY!r}.",
-                hint="Use 'review' (mark abandoned for a person) or 'requeue' (send again).",
-                id="outbox.E004",
-            )
+
+def _check_abandoned_policy() -> list[CheckMessage]:
+    if outbox_settings.ABANDONED_POLICY in ABANDONED_POLICIES:
+        return []
+    return [
+        Error(
+            f"OUTBOX['ABANDONED_POLICY'] is {outbox_settings.ABANDONED_POLICY!r}.",
+            hint="Use 'review' (mark abandoned for a person) or 'requeue' (send again).",
+            id="outbox.E004",
         )
+    ]
 
-    errors += _check_numbers()
 
+def _check_key_prefix() -> list[CheckMessage]:
     prefix = outbox_settings.KEY_PREFIX
-    if not prefix or any(c in prefix for c in "{} "):
-        errors.append(
-            Error(
-                f"OUTBOX['KEY_PREFIX'] is {prefix!r}.",
-                hint="Use a non-empty prefix without braces or spaces; it becomes the hash tag.",
-                id="outbox.E006",
-            )
+    if prefix and not any(c in prefix for c in "{} "):
+        return []
+    return [
+        Error(
+            f"OUTBOX['KEY_PREFIX'] is {prefix!r}.",
+            hint="Use a non-empty prefix without braces or spaces; it becomes the hash tag.",
+            id="outbox.E006",
         )
-
-    errors += _check_delivery_target()
-    return errors
+    ]
 
 
 def _check_numbers() -> list[CheckMessage]:
@@ -129,6 +147,22 @@ def _check_numbers() -> list[CheckMessage]:
     for problem in problems:
         errors.append(Error(f"OUTBOX: {problem}.", id="outbox.E005"))
     return errors
+
+
+def _check_send_timeout(raw: dict[str, Any]) -> list[CheckMessage]:
+    value = raw.get("SEND_TIMEOUT", DEFAULTS["SEND_TIMEOUT"])
+    # The type is checked on the raw value: float() would accept "60" or True,
+    # and a string here is more likely a mistake than a wish.
+    ok = isinstance(value, int | float) and not isinstance(value, bool)
+    if ok and math.isfinite(value) and value > 0:
+        return []
+    return [
+        Error(
+            f"OUTBOX['SEND_TIMEOUT'] is {value!r}; it must be a positive number of seconds.",
+            hint="It bounds how long one send may wait on the mail server; the default is 60.",
+            id="outbox.E009",
+        )
+    ]
 
 
 def _check_delivery_target() -> list[CheckMessage]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from functools import partial
 from typing import Any
 
@@ -22,7 +23,7 @@ from django.utils import timezone
 from . import signals
 from .api import mirror
 from .exceptions import OutboxError
-from .models import Attempt, Delivery
+from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
 from .queue import QueueEntry
 
 Status = Delivery.Status
@@ -54,12 +55,15 @@ def transition(
     error: str = "",
     condition: Q | None = None,
     updates: dict[str, Any] | None = None,
+    now: datetime | None = None,
 ) -> TransitionResult:
     """Move the rows among ``ids`` whose status is in ``allowed`` to ``to``.
 
     ``condition`` narrows the rows further (e.g. "still held by this dead
     worker"). ``updates`` are extra column values. Rows reaching ``queued``
-    become due now unless ``updates`` says otherwise.
+    become due now unless ``updates`` says otherwise. ``now`` is the time to
+    write (the sweeper passes Redis time, the one clock; operators' actions
+    use this host's clock).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
@@ -73,6 +77,7 @@ def transition(
             error=error,
             condition=condition,
             updates=updates or {},
+            now=now or timezone.now(),
         )
     return result
 
@@ -87,18 +92,11 @@ def _transition_chunk(
     error: str,
     condition: Q | None,
     updates: dict[str, Any],
+    now: datetime,
 ) -> TransitionResult:
     result = TransitionResult()
     using = router.db_for_write(Delivery)
-    now = timezone.now()
-    values: dict[str, Any] = {"status": to, "updated_at": now, **updates}
-    if to == Status.QUEUED:
-        values.setdefault("not_before", now)
-        values.update(claim_token=None, worker_id="")
-    if to == Status.SENT:
-        values.setdefault("sent_at", now)
-    if error and to in (Status.FAILED, Status.ABANDONED):
-        values.setdefault("last_error", error)
+    values = _new_values(to, error, updates, now)
 
     with transaction.atomic(using=using):
         match = Q(pk__in=ids, status__in=list(allowed))
@@ -113,43 +111,11 @@ def _transition_chunk(
             .values_list("pk", "attempts", "priority", "worker_id")
         )
         if rows:
-            changed = (
-                Delivery.objects.using(using)
-                .filter(match, pk__in=[pk for pk, *_ in rows])
-                .update(**values)
-            )
-            if changed != len(rows):
-                # The rows are locked, so this cannot happen on PostgreSQL or on
-                # SQLite (one writer); roll back rather than log a wrong history.
-                raise OutboxError(f"expected to change {len(rows)} rows, changed {changed}")
-            if Status.PROCESSING in allowed:
-                # The attempt that was in flight ends here, with no known outcome.
-                Attempt.objects.using(using).filter(
-                    delivery_id__in=[pk for pk, *_ in rows], outcome=Outcome.IN_PROGRESS
-                ).update(outcome=Outcome.ABANDONED, finished_at=now, error=error)
-            Attempt.objects.using(using).bulk_create(
-                Attempt(
-                    delivery_id=pk,
-                    number=attempts,
-                    worker_id=worker_id,
-                    started_at=now,
-                    finished_at=now,
-                    outcome=outcome,
-                    error=error,
-                    actor=actor[:150],
-                )
-                for pk, attempts, _priority, worker_id in rows
+            _change_rows(
+                using, match, rows, values, outcome=outcome, actor=actor, error=error, now=now
             )
         result.changed = [pk for pk, *_ in rows]
-        others = set(ids) - set(result.changed)
-        if others:
-            for (status,) in (
-                Delivery.objects.using(using).filter(pk__in=others).values_list("status")
-            ):
-                result.skipped[status] += 1
-            missing = len(others) - sum(result.skipped.values())
-            if missing:
-                result.skipped["deleted"] += missing
+        _count_skipped(using, set(ids) - set(result.changed), result.skipped)
         if rows:
             due = values.get("not_before", now).timestamp()
             entries = [QueueEntry(pk, priority, due) for pk, _a, priority, _w in rows]
@@ -160,11 +126,72 @@ def _transition_chunk(
     return result
 
 
+def _new_values(to: str, error: str, updates: dict[str, Any], now: datetime) -> dict[str, Any]:
+    """The column values a transition to ``to`` writes."""
+    values: dict[str, Any] = {"status": to, "updated_at": now, **updates}
+    if to == Status.QUEUED:
+        values.setdefault("not_before", now)
+        values.update(claim_token=None, worker_id="")
+    if to == Status.SENT:
+        values.setdefault("sent_at", now)
+    if error and to in (Status.FAILED, Status.ABANDONED):
+        values.setdefault("last_error", error)
+    return values
+
+
+def _change_rows(
+    using: str,
+    match: Q,
+    rows: list[tuple[int, int, str, str]],
+    values: dict[str, Any],
+    *,
+    outcome: str,
+    actor: str,
+    error: str,
+    now: datetime,
+) -> None:
+    """Update the locked ``rows`` and log one Attempt each (inside the transaction)."""
+    changed = (
+        Delivery.objects.using(using).filter(match, pk__in=[pk for pk, *_ in rows]).update(**values)
+    )
+    if changed != len(rows):
+        # The rows are locked, so this cannot happen on PostgreSQL or on
+        # SQLite (one writer); roll back rather than log a wrong history.
+        raise OutboxError(f"expected to change {len(rows)} rows, changed {changed}")
+    Attempt.objects.using(using).bulk_create(
+        Attempt(
+            delivery_id=pk,
+            number=attempts,
+            worker_id=worker_id,
+            started_at=now,
+            finished_at=now,
+            outcome=outcome,
+            error=error,
+            actor=actor[:WORKER_ID_MAX_LENGTH],
+        )
+        for pk, attempts, _priority, worker_id in rows
+    )
+
+
+def _count_skipped(using: str, others: set[int], skipped: Counter[str]) -> None:
+    """Count the rows left alone by their current status; rows gone count as "deleted"."""
+    if not others:
+        return
+    for (status,) in Delivery.objects.using(using).filter(pk__in=others).values_list("status"):
+        skipped[status] += 1
+    missing = len(others) - sum(skipped.values())
+    if missing:
+        skipped["deleted"] += missing
+
+
 def _after_commit(
     to: str, entries: list[QueueEntry], workers: dict[int, str], actor: str, error: str
 ) -> None:
     if to == Status.QUEUED:
-        mirror(entries)
+        # Forced: a row coming back to queued may have left its id anywhere in
+        # Redis (scheduled for an old time, or a dedup-set entry whose list was
+        # lost); a duplicate is harmless, a skipped push would strand the row.
+        mirror(entries, force=True)
     for entry in entries:
         if to == Status.SENT:
             signals.delivery_sent.send_robust(

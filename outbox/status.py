@@ -54,12 +54,24 @@ keys may be added; none is renamed or removed without a new ``version``):
         Rows the database has that Redis does not: for ``ready``, due queued
         rows that are in no ready list, no worker's processing list and not
         in the scheduled set (from which the next claim promotes them); for
-        ``scheduled``, waiting queued rows in neither. The sweeper mirrors
-        them again; no worker will send them before it does.
+        ``scheduled``, waiting queued rows in none of these. No worker sends
+        them until they are pushed to Redis again, which the sweeper's mirror
+        check does. An ordinary pass pushes the queued rows that changed
+        since the previous pass, skipping ids that Redis' ``queued`` set (the
+        gate against pushing an id twice) lists as waiting. A full check pushes
+        every queued row that is in no ready list, not in the scheduled set
+        and in no live worker's processing list, whatever that set says; it
+        runs on ``outbox_sweep --full-mirror-check``, every
+        ``MIRROR_FULL_SCAN_INTERVAL`` seconds, and when the sweeper sees that
+        Redis lost data (its marker key is gone, or the set counts more ids
+        than the lists hold). A row that went missing without changing, and
+        without such a sign, waits for the next full check.
     ``stale``
-        Ids Redis holds whose row is not waiting any more (harmless: a worker
-        drops them): for ``ready``, ids in a ready list whose row is not due
-        and queued; for ``scheduled``, members whose row is not queued.
+        Ids Redis holds for rows that are not waiting there any more. They
+        are harmless: a worker that claims one changes nothing and drops it
+        (or, for a queued row that is not due yet, moves it to the scheduled
+        set). For ``ready``, ids in a ready list whose row is not due and
+        queued; for ``scheduled``, members whose row is not queued.
 
     While mail flows a few ids can disagree for a moment (a row committed
     between the two reads): alert on disagreement that lasts.
@@ -67,18 +79,19 @@ keys may be added; none is renamed or removed without a new ``version``):
 
 from __future__ import annotations
 
-import time
 from datetime import datetime, timedelta
 from typing import Any, cast
 
 from django.db.models import Count, Min, Q
 from django.utils import timezone
-from django.utils.translation import gettext as _
-from django.utils.translation import ngettext
 
 from .conf import PRIORITIES, outbox_settings
 from .models import Delivery
 from .queue import RedisQueue
+
+# Re-exported: the outbox_status command imports them from here.
+from .status_render import render as render
+from .status_render import watch_loop as watch_loop
 
 VERSION = 1
 # Above this many ids on either side, agreement is not computed (it reads
@@ -171,44 +184,14 @@ def _redis(
 
 
 def _read_redis(queue: RedisQueue, now: float) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
-    redis = queue.redis
-    pipe = redis.pipeline(transaction=False)
+    pipe = queue.redis.pipeline(transaction=False)
     for key in queue.ready_keys:
         pipe.llen(key)
     pipe.zcard(queue.scheduled_key)
     *lengths, scheduled_len = pipe.execute()
     compare = max(*lengths, scheduled_len) <= COMPARE_LIMIT
 
-    # Read everything in one MULTI, so that an id a worker claims meanwhile is
-    # seen either in a ready list or in its processing list, never in neither.
-    # A worker that registers between the two round trips is read again.
-    for _attempt in range(5):
-        workers = cast(
-            list[tuple[bytes, float]], redis.zrange(queue.workers_key, 0, -1, withscores=True)
-        )
-        dead = cast(list[bytes], redis.zrange(queue.dead_key, 0, -1))
-        names = [_text(w) for w, _score in workers] + [_text(w) for w in dead]
-        pipe = redis.pipeline(transaction=True)
-        pipe.zrange(queue.workers_key, 0, -1, withscores=True)
-        pipe.zrange(queue.dead_key, 0, -1)
-        for key in queue.ready_keys:
-            pipe.llen(key)
-        pipe.zcard(queue.scheduled_key)
-        for name in names:
-            pipe.lrange(queue.processing_key(name), 0, -1)
-        if compare:
-            for key in queue.ready_keys:
-                pipe.lrange(key, 0, -1)
-            pipe.zrange(queue.scheduled_key, 0, -1)
-        result = pipe.execute()
-        # Heartbeats change scores (and order), not membership.
-        if {w for w, _s in result[0]} == {w for w, _s in workers} and set(result[1]) == set(dead):
-            break
-    else:
-        raise RuntimeError("the set of workers kept changing; try again")
-
-    workers, dead = result[0], result[1]
-    result = result[2:]
+    workers, dead, names, result = _read_redis_snapshot(queue, compare)
     ready = dict(zip(PRIORITIES, (int(n) for n in result[: len(PRIORITIES)]), strict=True))
     result = result[len(PRIORITIES) :]
     scheduled = int(result.pop(0))
@@ -238,6 +221,44 @@ def _read_redis(queue: RedisQueue, now: float) -> tuple[dict[str, Any], dict[str
     scheduled_ids = {int(_text(m).partition(":")[0]) for m in result[len(PRIORITIES)]}
     held_ids = {i for ids in held.values() for i in ids}
     return report, {"ready": ready_ids, "scheduled": scheduled_ids, "held": held_ids}
+
+
+def _read_redis_snapshot(
+    queue: RedisQueue, compare: bool
+) -> tuple[list[tuple[bytes, float]], list[bytes], list[str], list[Any]]:
+    """``(workers, dead workers, their names, the rest of the MULTI's replies)``.
+
+    The rest is: the ready lists' lengths, the scheduled set's size, each named
+    worker's processing list, then (with ``compare``) every ready list and the
+    scheduled set's members.
+    """
+    redis = queue.redis
+    # Read everything in one MULTI, so that an id a worker claims meanwhile is
+    # seen either in a ready list or in its processing list, never in neither.
+    # A worker that registers between the two round trips is read again.
+    for _attempt in range(5):
+        workers = cast(
+            list[tuple[bytes, float]], redis.zrange(queue.workers_key, 0, -1, withscores=True)
+        )
+        dead = cast(list[bytes], redis.zrange(queue.dead_key, 0, -1))
+        names = [_text(w) for w, _score in workers] + [_text(w) for w in dead]
+        pipe = redis.pipeline(transaction=True)
+        pipe.zrange(queue.workers_key, 0, -1, withscores=True)
+        pipe.zrange(queue.dead_key, 0, -1)
+        for key in queue.ready_keys:
+            pipe.llen(key)
+        pipe.zcard(queue.scheduled_key)
+        for name in names:
+            pipe.lrange(queue.processing_key(name), 0, -1)
+        if compare:
+            for key in queue.ready_keys:
+                pipe.lrange(key, 0, -1)
+            pipe.zrange(queue.scheduled_key, 0, -1)
+        result = pipe.execute()
+        # Heartbeats change scores (and order), not membership.
+        if {w for w, _s in result[0]} == {w for w, _s in workers} and set(result[1]) == set(dead):
+            return result[0], result[1], names, result[2:]
+    raise RuntimeError("the set of workers kept changing; try again")
 
 
 def _text(value: bytes | str) -> str:
@@ -270,129 +291,3 @@ def _agreement(db: dict[str, set[int]], redis: dict[str, set[int]]) -> dict[str,
 
 def _not_compared() -> dict[str, Any]:
     return {"agrees": None, "missing": None, "stale": None}
-
-
-# -- for a person ---------------------------------------------------------------
-
-
-def render(report: dict[str, Any]) -> str:
-    """The report as text for a terminal."""
-    lines = [_("Outbox status at %(time)s") % {"time": report["time"]}, ""]
-    lines += _render_database(report["database"])
-    lines.append("")
-    lines += _render_redis(report["redis"], report["agreement"])
-    return "\n".join(lines) + "\n"
-
-
-def _render_database(db: dict[str, Any]) -> list[str]:
-    if not db["ok"]:
-        return [_("Database: unreachable (%(error)s)") % {"error": db["error"]}]
-    labels = dict(Delivery.Status.choices)
-    header = [_("Deliveries"), *(str(dict(Delivery.Priority.choices)[p]) for p in PRIORITIES)]
-    header.append(_("total"))
-    table = [header]
-    for status in STATUSES:
-        counts = [db["by_priority"].get(p, {}).get(status, 0) for p in PRIORITIES]
-        table.append([str(labels[status]), *map(str, counts), str(db["by_status"][status])])
-    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
-    lines = [
-        "  ".join(
-            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
-        ).rstrip()
-        for row in table
-    ]
-    oldest = db["oldest_due_age"]
-    lines.append("")
-    lines.append(
-        _("Due now: %(due)d (oldest waiting %(age)s); scheduled for later: %(scheduled)d")
-        % {
-            "due": db["due"],
-            "age": "-" if oldest is None else _duration(oldest),
-            "scheduled": db["scheduled"],
-        }
-    )
-    lines.append(
-        _("Sent: %(minute)d in the last minute, %(hour)d in the last hour")
-        % {"minute": db["sent_last_minute"], "hour": db["sent_last_hour"]}
-    )
-    return lines
-
-
-def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> list[str]:
-    if not redis["ok"]:
-        return [
-            _("Redis: unreachable (%(error)s)") % {"error": redis["error"]},
-            _("Mail is not being sent; queued rows stay in the database until Redis is back."),
-        ]
-    ready = redis["ready"]
-    lines = [
-        _("Redis: ready %(ready)s; scheduled %(scheduled)d")
-        % {
-            "ready": ", ".join(f"{p} {ready[p]}" for p in PRIORITIES),
-            "scheduled": redis["scheduled"],
-        }
-    ]
-    if agreement is not None:
-        for name, label in (("ready", _("ready")), ("scheduled", _("scheduled"))):
-            lines.append("  " + _agreement_line(label, agreement[name]))
-    workers = redis["workers"]
-    lines.append(
-        ngettext("%(count)d worker", "%(count)d workers", len(workers)) % {"count": len(workers)}
-    )
-    for worker in workers:
-        state = "" if worker["alive"] else " " + _("(no heartbeat: presumed dead)")
-        lines.append(
-            "  "
-            + _("%(id)s: heartbeat %(age)s ago, holding %(count)d%(ids)s%(state)s")
-            % {
-                "id": worker["id"],
-                "age": _duration(worker["heartbeat_age"]),
-                "count": len(worker["held"]),
-                "ids": _ids(worker["held"]),
-                "state": state,
-            }
-        )
-    for worker in redis["dead_workers"]:
-        lines.append(
-            "  "
-            + _("%(id)s: declared dead, holding %(count)d%(ids)s (the sweeper cleans it up)")
-            % {"id": worker["id"], "count": len(worker["held"]), "ids": _ids(worker["held"])}
-        )
-    return lines
-
-
-def _agreement_line(label: str, part: dict[str, Any]) -> str:
-    if part["agrees"] is None:
-        return _("%(name)s vs database: too many ids to compare") % {"name": label}
-    if part["agrees"]:
-        return _("%(name)s vs database: agree") % {"name": label}
-    return _(
-        "%(name)s vs database: DISAGREE (%(missing)d rows missing from Redis, "
-        "%(stale)d stale ids in Redis)"
-    ) % {"name": label, "missing": part["missing"], "stale": part["stale"]}
-
-
-def _ids(ids: list[int], limit: int = 10) -> str:
-    if not ids:
-        return ""
-    shown = ", ".join(str(i) for i in ids[:limit])
-    more = ", ..." if len(ids) > limit else ""
-    return f" ({shown}{more})"
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return _("%(n).1fs") % {"n": seconds}
-    if seconds < 3600:
-        return _("%(m)dm%(s)02ds") % {"m": seconds // 60, "s": seconds % 60}
-    return _("%(h)dh%(m)02dm") % {"h": seconds // 3600, "m": seconds % 3600 // 60}
-
-
-def watch_loop(interval: float, show: Any, sleep: Any = time.sleep) -> None:
-    """Call ``show()`` every ``interval`` seconds until interrupted (Ctrl-C)."""
-    try:
-        while True:
-            show()
-            sleep(interval)
-    except KeyboardInterrupt:
-        return

@@ -112,6 +112,8 @@ OUTBOX = {
 }
 if os.environ.get("OUTBOX_TEST_ABANDONED_POLICY"):
     OUTBOX["ABANDONED_POLICY"] = os.environ["OUTBOX_TEST_ABANDONED_POLICY"]
+if os.environ.get("OUTBOX_TEST_SEND_TIMEOUT"):
+    OUTBOX["SEND_TIMEOUT"] = float(os.environ["OUTBOX_TEST_SEND_TIMEOUT"])
 
 # Email, configured as a project using the outbox would be: the project's own
 # mail goes into the outbox (OutboxBackend), and the worker delivers through a

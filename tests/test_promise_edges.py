@@ -35,7 +35,7 @@ from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
 from outbox.worker.cache import EmailCache
-from tests.servers import subprocess_env, wait_until
+from tests.servers import SMTPRecorder, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -201,6 +201,31 @@ def test_restart_under_the_same_worker_id_does_not_hold_the_old_row(
     assert smtp_server.by_message_id().get(row.message_id, 0) == (0 if policy == "review" else 1)
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0
+
+
+# -- 3. no send held forever ------------------------------------------------------------
+
+
+@pytest.mark.slow
+def test_sigterm_during_a_stalled_send_exits_within_send_timeout(worker_process):
+    """A server that never answers the final dot: SIGTERM still ends the worker in time."""
+    server = SMTPRecorder(after_data="stall").start()
+    try:
+        [row] = enqueue_email("s", "b", None, ["a@example.com"])
+        proc = worker_process(
+            OUTBOX_TEST_SMTP_PORT=str(server.port),
+            OUTBOX_TEST_SEND_TIMEOUT="4",
+            OUTBOX_TEST_ABANDONED_POLICY="review",
+        )
+        wait_until(lambda: server.count() == 1, 20)  # the body is handed over; no reply
+        proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        assert proc.wait(timeout=4 + 10) == 0
+        assert time.monotonic() - started < 4 + 5
+        after = Delivery.objects.get(pk=row.pk)
+        assert after.status == Status.ABANDONED and "in doubt" in after.last_error
+    finally:
+        server.stop()
 
 
 # -- 6. one clock -----------------------------------------------------------------------
