@@ -55,6 +55,9 @@ ensure_venv() {
     return 1
   fi
   rm -f "$out"
+  # The editable install keeps its metadata in the venv; the copy setuptools
+  # leaves in the checkout would be a seventh entry at the top level.
+  rm -rf "$ROOT"/*.egg-info
   echo "$want" >"$stamp"
 }
 

@@ -1,11 +1,14 @@
 """``manage.py outbox_worker``: deliver outbox mail (see outbox.worker).
 
 Parses and checks the command line, sets up logging and runs one
-:class:`~outbox.worker.Worker` until it stops.
+:class:`~outbox.worker.Worker` until it stops; with ``--processes N`` (N > 1),
+a :class:`~outbox.worker.supervisor.Supervisor` that runs N such commands as
+child processes instead.
 """
 
 from __future__ import annotations
 
+import argparse
 import logging
 import sys
 import time
@@ -15,6 +18,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from outbox.models import Delivery
 from outbox.worker import Worker
+from outbox.worker.supervisor import Supervisor, child_command
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 
@@ -45,8 +49,25 @@ class Command(BaseCommand):
             help="Sending threads in this process, each with its own connection (default 1).",
         )
         parser.add_argument(
-            "--max-messages", type=int, metavar="N", help="Exit after handling N messages."
+            "--processes",
+            type=int,
+            default=1,
+            metavar="N",
+            help=(
+                "Run N worker processes (each with --concurrency threads) under one "
+                "supervisor that restarts a child that dies and passes SIGTERM/SIGINT "
+                "on to all of them (default 1: this process is the worker)."
+            ),
         )
+        parser.add_argument(
+            "--max-messages",
+            type=int,
+            metavar="N",
+            help="Exit after handling N messages (not with --processes above 1).",
+        )
+        # Set by the supervisor for its children: no --burst progress line on a
+        # terminal they share.
+        parser.add_argument("--no-progress", action="store_true", help=argparse.SUPPRESS)
         parser.add_argument(
             "--worker-id",
             help=(
@@ -67,11 +88,22 @@ class Command(BaseCommand):
             raise CommandError("--concurrency must be at least 1")
         if options["max_messages"] is not None and options["max_messages"] < 1:
             raise CommandError("--max-messages must be at least 1")
+        if options["processes"] < 1:
+            raise CommandError("--processes must be at least 1")
+        if options["processes"] > 1 and options["max_messages"] is not None:
+            # A restarted child would count from zero again, so the total could
+            # not be kept: refused rather than split.
+            raise CommandError("--max-messages cannot be combined with --processes above 1")
         if options["worker_id"] is not None:
             check_worker_id(options["worker_id"])
+            if options["processes"] > 1:
+                check_worker_id(child_worker_id(options["worker_id"], options["processes"] - 1))
         self._configure_logging(options["verbosity"])
+        if options["processes"] > 1:
+            self._supervise(options)
+            return
         progress = None
-        if options["burst"] and self.stdout.isatty():
+        if options["burst"] and not options["no_progress"] and self.stdout.isatty():
             progress = _Progress(self.stdout)
         worker = Worker(
             worker_id=options["worker_id"],
@@ -87,6 +119,15 @@ class Command(BaseCommand):
         if code:
             sys.exit(code)
 
+    def _supervise(self, options: dict[str, Any]) -> None:
+        """Run ``--processes`` children under a supervisor (no database, no Redis here)."""
+        argvs = [
+            child_command(child_arguments(options, index)) for index in range(options["processes"])
+        ]
+        code = Supervisor(argvs, burst=options["burst"]).run()
+        if code:
+            sys.exit(code)
+
     def _configure_logging(self, verbosity: int) -> None:
         logger = logging.getLogger("outbox")
         logger.setLevel(VERBOSITY_LEVELS.get(verbosity, logging.INFO))
@@ -96,6 +137,36 @@ class Command(BaseCommand):
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
             )
             logger.addHandler(handler)
+
+
+def child_worker_id(worker_id: str, index: int) -> str:
+    """The ``--worker-id`` of the supervisor's child ``index``: ``<worker-id>-<index>``."""
+    return f"{worker_id}-{index}"
+
+
+def child_arguments(options: dict[str, Any], index: int) -> list[str]:
+    """This command's arguments for the supervisor's child ``index``: one worker process."""
+    args = [
+        "outbox_worker",
+        "--concurrency",
+        str(options["concurrency"]),
+        "--summary-interval",
+        repr(options["summary_interval"]),
+        "--verbosity",
+        str(options["verbosity"]),
+        "--no-progress",
+    ]
+    if options["burst"]:
+        args.append("--burst")
+    if options["worker_id"] is not None:
+        args += ["--worker-id", child_worker_id(options["worker_id"], index)]
+    # --settings is already in the environment the child inherits.
+    if options.get("pythonpath"):
+        args += ["--pythonpath", options["pythonpath"]]
+    for flag in ("traceback", "no_color", "force_color", "skip_checks"):
+        if options.get(flag):
+            args.append("--" + flag.replace("_", "-"))
+    return args
 
 
 def check_worker_id(worker_id: str) -> None:
