@@ -16,6 +16,7 @@ outbox.E008 the worker would deliver into the outbox itself
 outbox.W002 ``OUTBOX["MAILER"]`` is set but ``MAILERS`` is not in use
 outbox.W003 Django 6.1 with ``MAILERS``, and a dotted path in ``OUTBOX["EMAIL_BACKEND"]``
 outbox.E009 ``OUTBOX["SEND_TIMEOUT"]`` is not a positive number of seconds
+outbox.W004 the metrics URL is routed but ``OUTBOX["METRICS_TOKEN"]`` is not set
 ========== ==============================================================
 """
 
@@ -26,7 +27,8 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
+from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
 from .conf import ABANDONED_POLICIES, DEFAULTS, outbox_settings
@@ -216,3 +218,27 @@ def _check_delivery_target() -> list[CheckMessage]:
             )
         )
     return errors
+
+
+@register(Tags.urls)
+def check_metrics_token(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """``outbox.urls`` is included, so its metrics are routed, but they have no token."""
+    if outbox_settings.METRICS_TOKEN is not None:
+        return []
+    try:
+        url = reverse("outbox:metrics")
+    except NoReverseMatch:
+        return []  # not routed: nothing to warn about
+    except Exception:  # a broken URLconf is Django's own check's to report
+        return []
+    return [
+        Warning(
+            f"The outbox metrics are routed at {url}, but OUTBOX['METRICS_TOKEN'] is not set, "
+            "so they answer 404 to every scrape.",
+            hint="Set OUTBOX['METRICS_TOKEN'] to a long random string and give it to "
+            "Prometheus as a bearer token, or do not include outbox.urls.",
+            id="outbox.W004",
+        )
+    ]

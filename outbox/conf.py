@@ -52,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "BLOCK_TIMEOUT": 1.0,
     # The sweeper re-checks every queued row against Redis at least this often.
     "MIRROR_FULL_SCAN_INTERVAL": 3600.0,
+    # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
+    # None: the endpoint answers 404 (and a system check warns if it is routed).
+    "METRICS_TOKEN": None,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -133,6 +136,12 @@ class OutboxSettings:
     @property
     def MIRROR_FULL_SCAN_INTERVAL(self) -> float:
         return float(self._get("MIRROR_FULL_SCAN_INTERVAL"))
+
+    @property
+    def METRICS_TOKEN(self) -> str | None:
+        # An empty string counts as "not set": it must never match a bare "Bearer".
+        value = self._get("METRICS_TOKEN")
+        return str(value) if value else None
 
 
 outbox_settings = OutboxSettings()

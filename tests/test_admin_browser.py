@@ -1,7 +1,8 @@
 """The admin in a real browser: an operator settles abandoned deliveries.
 
 Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
-"Mark as sent (confirmed in the mail logs)" and read the message. Screenshots
+"Mark as sent (confirmed in the mail logs)" and read the message. At 1,400 px
+(the app list folded away) the list neither scrolls sideways nor wraps a row. Screenshots
 of the list and of one delivery go to ``tests/artifacts/``; with
 ``OUTBOX_UPDATE_SCREENSHOTS=1`` they are also copied to ``example_project/screenshots/``
 (the README shows them).
@@ -34,6 +35,7 @@ from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
 from outbox import enqueue_email
+from outbox.admin_cells import SUBJECT_CHARS
 from outbox.models import Attempt, Delivery
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -47,6 +49,8 @@ WORKER = "mailhost:4242:worker-1"
 USERNAME = "operator"
 PASSWORD = "correct horse battery staple"
 MARK_SENT = "Mark as sent (confirmed in the mail logs)"
+# Longer than the list shows (SUBJECT_CHARS): the list cuts it, the tooltip has it all.
+SUBJECT = "Your order #10432 has shipped: tracking number, delivery window and how to return it"
 
 
 def _skip_reason() -> str | None:
@@ -138,12 +142,50 @@ def screenshot(driver: WebDriver, name: str, docs_name: str) -> Path:
     return path
 
 
+def assert_list_fits(driver: WebDriver) -> None:
+    """The delivery list neither scrolls sideways nor wraps a cell onto a second line."""
+    layout = driver.execute_script(
+        """
+        const doc = document.documentElement;
+        const results = document.querySelector('#changelist .results');
+        const table = document.getElementById('result_list');
+        const rows = [...table.querySelectorAll('tbody tr')];
+        const heights = () => rows.map(r => r.getBoundingClientRect().height);
+        const before = heights();
+        table.style.whiteSpace = 'nowrap';  // what each row would be on one line
+        const oneLine = heights();
+        table.style.whiteSpace = '';
+        return {
+            viewport: window.innerWidth,
+            page: [doc.scrollWidth, doc.clientWidth],
+            results: [results.scrollWidth, results.clientWidth],
+            table: table.getBoundingClientRect().width,
+            wrapped: before.filter((h, i) => h > oneLine[i] + 0.5).length,
+            rows: rows.length,
+            columns: [...table.querySelectorAll('thead th')].map(
+                th => [th.className, Math.round(th.getBoundingClientRect().width)]
+            ),
+        };
+        """
+    )
+    assert layout["viewport"] <= 1400, layout
+    assert layout["rows"] > 0, layout
+    assert layout["page"][0] <= layout["page"][1], f"the page scrolls sideways: {layout}"
+    assert layout["results"][0] <= layout["results"][1], f"the list scrolls sideways: {layout}"
+    assert layout["wrapped"] == 0, f"rows wrap: {layout}"
+    # The subject is cut, and whole in its tooltip.
+    cell = driver.find_element(By.CSS_SELECTOR, "#result_list td.field-subject .outbox-cut")
+    assert cell.text.endswith("\u2026") and len(cell.text) == SUBJECT_CHARS
+    assert cell.get_attribute("title") == SUBJECT
+    # Dates are short, the full time is in their tooltip.
+    stamp = driver.find_element(By.CSS_SELECTOR, "#result_list td.field-updated_display time")
+    assert len(stamp.text) <= 12 and stamp.get_attribute("title").endswith("UTC")
+
+
 def make_deliveries() -> list[int]:
     """3,000 queued deliveries of one email; 20 of them abandoned. Returns those 20, newest first."""
     recipients = [f"customer{i:04d}@example.com" for i in range(3000)]
-    deliveries = enqueue_email(
-        "Your order has shipped", "It is on its way.", "shop@example.com", recipients
-    )
+    deliveries = enqueue_email(SUBJECT, "It is on its way.", "shop@example.com", recipients)
     assert len(deliveries) == 3000
     abandoned = sorted((d.pk for d in deliveries[::150]), reverse=True)
     assert len(abandoned) == 20
@@ -203,6 +245,7 @@ def test_operator_marks_abandoned_deliveries_sent(admin_live_server, django_user
     # Fold the app list away (as an operator would on a laptop) so that every column shows.
     driver.find_element(By.ID, "toggle-nav-sidebar").click()
     wait(driver).until(EC.invisibility_of_element_located((By.ID, "nav-sidebar")))
+    assert_list_fits(driver)
     screenshot(driver, "admin-deliveries.png", "admin-deliveries.png")
 
     click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "button[name=index]"))

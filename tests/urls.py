@@ -1,4 +1,4 @@
-"""URLs for the test project: the admin (the admin tests and the browser test use it)."""
+"""URLs for the test project: the admin (the admin tests and the browser test use it), and the outbox's own URLs (its metrics)."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -7,4 +7,6 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # Django's password reset flow, which tests/test_backend.py sends through the outbox.
     path("accounts/", include("django.contrib.auth.urls")),
+    # The Prometheus metrics (tests/test_metrics.py).
+    path("outbox/", include("outbox.urls")),
 ]
