@@ -9,6 +9,10 @@ writes an :class:`~outbox.models.Attempt` with the acting user as its actor.
 The delivery list is built for tables of millions of rows: one query for the
 page (the email's subject comes in by a join), no full-table count where
 PostgreSQL can estimate it, and no facet counts.
+
+The default admin site also gets the outbox dashboard
+(``/admin/outbox/dashboard/``, see :mod:`outbox.dashboard`); a project with its
+own ``AdminSite`` calls ``outbox.dashboard.install(its_site)``.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from django.utils.text import Truncator
 from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
-from . import admin_cells, operations
+from . import admin_cells, dashboard, operations
 from .admin_cells import compact_time, truncated
 from .admin_cells import status_badge as status_badge
 from .models import Attachment, Attempt, Delivery, Email
@@ -383,3 +387,7 @@ class EmailAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Email | None = None) -> bool:
         return False
+
+
+# The dashboard at /admin/outbox/dashboard/, linked from the outbox section of the app list.
+dashboard.install(admin.site)

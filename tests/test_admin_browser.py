@@ -2,8 +2,10 @@
 
 Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
 "Mark as sent (confirmed in the mail logs)" and read the message. At 1,400 px
-(the app list folded away) the list neither scrolls sideways nor wraps a row. Screenshots
-of the list and of one delivery go to ``tests/artifacts/``; with
+(the app list folded away) the list neither scrolls sideways nor wraps a row. The
+operator also opens the dashboard from the admin index, reads its counts and follows
+its link to the abandoned rows. Screenshots of the list, of one delivery and of the
+dashboard go to ``tests/artifacts/``; with
 ``OUTBOX_UPDATE_SCREENSHOTS=1`` they are also copied to ``example_project/screenshots/``
 (the README shows them).
 
@@ -37,6 +39,7 @@ from selenium.webdriver.support.ui import Select, WebDriverWait
 from outbox import enqueue_email
 from outbox.admin_cells import SUBJECT_CHARS
 from outbox.models import Attempt, Delivery
+from outbox.queue import RedisQueue
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -278,3 +281,74 @@ def test_operator_marks_abandoned_deliveries_sent(admin_live_server, django_user
     assert "marked sent by operator" in page
     assert driver.find_element(By.CSS_SELECTOR, "#content-main .outbox-status").text == "sent"
     screenshot(driver, "admin-delivery-detail.png", "admin-delivery-detail.png")
+
+
+def make_every_status() -> dict[str, int]:
+    """Deliveries in every status (some sent and failed in the last minutes); their counts."""
+    counts = {"queued": 6, "processing": 2, "sent": 9, "failed": 3, "abandoned": 4, "cancelled": 1}
+    recipients = [f"{s}{i}@example.com" for s, n in counts.items() for i in range(n)]
+    deliveries = enqueue_email(SUBJECT, "It is on its way.", "shop@example.com", recipients)
+    now = timezone.now()
+    position = 0
+    for status, n in counts.items():
+        for i, delivery in enumerate(deliveries[position : position + n]):
+            when = now - timedelta(minutes=2 + 7 * i)
+            Delivery.objects.filter(pk=delivery.pk).update(
+                status=status,
+                sent_at=when if status == "sent" else None,
+                updated_at=when,
+                worker_id=WORKER if status in ("processing", "abandoned") else "",
+            )
+        position += n
+    # Redis as the workers would have left it: only the queued rows wait in it.
+    queue = RedisQueue()
+    for delivery in deliveries:
+        if not delivery.recipient.startswith("queued"):
+            queue.redis.lrem(queue.ready_key("normal"), 0, delivery.pk)
+    return counts
+
+
+def register_live_worker(held: list[int]) -> None:
+    """A worker that has just sent its heartbeat and holds ``held``."""
+    queue = RedisQueue()
+    queue.redis.zadd(queue.workers_key, {WORKER: queue.time()})
+    queue.redis.rpush(queue.processing_key(WORKER), *held)
+
+
+def test_operator_reads_the_dashboard(admin_live_server, django_user_model, browser):
+    live_server = admin_live_server
+    django_user_model.objects.create_superuser(USERNAME, "operator@example.com", PASSWORD)
+    counts = make_every_status()
+    driver = browser
+
+    # Log in to the index; the outbox section links to the dashboard.
+    driver.get(f"{live_server.url}{reverse('admin:login')}?next={reverse('admin:index')}")
+    wait(driver).until(EC.presence_of_element_located((By.ID, "id_username")))
+    driver.find_element(By.ID, "id_username").send_keys(USERNAME)
+    driver.find_element(By.ID, "id_password").send_keys(PASSWORD)
+    click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "#login-form [type=submit]"))
+    link = driver.find_element(By.CSS_SELECTOR, "#content-main .app-outbox tr.model-dashboard a")
+    register_live_worker(
+        list(Delivery.objects.filter(status="processing").values_list("pk", flat=True))
+    )
+    click_and_load(driver, link)
+    assert driver.current_url.endswith(reverse("admin:outbox_dashboard"))
+
+    for status, n in counts.items():
+        assert driver.find_element(By.ID, f"outbox-count-{status}").text == str(n)
+    assert driver.find_element(By.ID, "outbox-due").text == "6"
+    assert driver.find_element(By.ID, "outbox-workers-live").text == "1 live worker"
+    bars = driver.find_elements(By.CSS_SELECTOR, "svg.outbox-chart rect.bar")
+    assert sum(int(b.get_attribute("data-count")) for b in bars) == 12  # 9 sent, 3 failed
+    assert "Deliveries per minute" in driver.find_element(
+        By.ID, "outbox-chart-title"
+    ).get_attribute("textContent")
+    abandoned = driver.find_element(By.ID, "outbox-abandoned-link")
+    assert abandoned.text == "4"
+    screenshot(driver, "admin-dashboard.png", "admin-dashboard.png")
+
+    # The abandoned count leads to the filtered list.
+    click_and_load(driver, abandoned)
+    assert "status__exact=abandoned" in driver.current_url
+    badges = driver.find_elements(By.CSS_SELECTOR, "#result_list .outbox-status")
+    assert [badge.text for badge in badges] == ["abandoned"] * 4

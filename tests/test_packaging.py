@@ -66,6 +66,9 @@ def test_wheel_contains_the_app_and_installs(tmp_path):
         "outbox/lua/claim.lua",
         "outbox/lua/_common.lua",
         "outbox/py.typed",
+        "outbox/templates/admin/outbox/dashboard.html",
+        "outbox/migrations/0002_attempt_outcomes_worker_id_length.py",
+        "outbox/lua/forget_stale.lua",
         "outbox/management/commands/outbox_worker.py",
         "outbox/management/commands/outbox_sweep.py",
     ):

@@ -102,7 +102,10 @@ def flaky(settings):
     return FlakyBackend
 
 
-def test_transient_failure_retries_with_backoff_then_succeeds(flaky, outbox_mail, queue):
+def test_transient_failure_retries_with_backoff_then_succeeds(flaky, outbox_mail, queue, settings):
+    # A backoff of 1 to 2 s: the test settings' 0.1 s could come due inside the
+    # first burst on a loaded machine, which would then send the retry at once.
+    settings.OUTBOX = {**settings.OUTBOX, "RETRY_BACKOFF": (2.0, 2.0)}
     flaky.failures = 1
     delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
     burst()
