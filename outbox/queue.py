@@ -203,7 +203,8 @@ class RedisQueue:
         One round trip. Claimed ids sit in the incarnation's processing list
         until acknowledged, so a crash leaves them for the sweeper. Calling
         again with the same ``thread`` and ``nonce`` after an error returns
-        the ids of the call whose reply was lost instead of claiming more.
+        the ids of the call whose reply was lost instead of claiming more;
+        without a nonce every call claims anew.
         """
         raw = self._script("claim")(
             keys=self._keys(worker_id),

@@ -120,6 +120,7 @@ from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
 from outbox.worker import Started, Worker
 from outbox.worker.loop import SenderLoop
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -623,17 +624,16 @@ class ProtocolMachine(RuleBasedStateMachine):
                 w.loop.settlement = w.loop._deliver(w.in_hand)
                 w.in_hand = None
             self._stop(w)
-        deadline = time.monotonic() + DRAIN_DEADLINE
-        while True:
+
+        def drained() -> bool:
             # A zero timeout: every incarnation is gone, nothing has to age.
             report = Sweeper(policy=self.policy, timeout=0).run_pass(full_mirror_check=True)
             assert not report.errors, report.errors
             assert Worker(burst=True).run(install_signal_handlers=False) == 0
             soon = timezone.now() + timedelta(seconds=5)
-            waiting = Delivery.objects.filter(status=Status.QUEUED, not_before__lte=soon)
-            if not waiting.exists() or time.monotonic() > deadline:
-                break
-            time.sleep(0.05)
+            return not Delivery.objects.filter(status=Status.QUEUED, not_before__lte=soon).exists()
+
+        wait_until(drained, DRAIN_DEADLINE, interval=0.05)
         rows = self._rows()
         self._check_settled_rows(rows)
         self._check_no_resend(rows)
@@ -717,7 +717,15 @@ def test_retried_claim_keeps_the_ids_it_claimed() -> None:
         machine._send(w, "transient")  # a: retry in a few milliseconds
         machine._mark(w)  # a queued again (acked), b processing
         machine._send(w, "ok")
-        time.sleep(0.1)  # a is due again
+        # Until a is due again.
+        wait_until(
+            lambda: (
+                not Delivery.objects.filter(
+                    status=Status.QUEUED, not_before__gt=timezone.now()
+                ).exists()
+            ),
+            5,
+        )
         assert machine._claim(w, 2, lose_reply=True)  # c and a again; the reply is lost once
         machine._mark(w)  # b sent, c processing
         machine._send(w, "ok")

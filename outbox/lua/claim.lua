@@ -14,7 +14,8 @@ if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {time_reply(now), 0}
 end
 local out = {time_reply(now), 1}
-local last = redis.call('HGET', KEYS[10], ARGV[4])
+-- An empty nonce (a caller that never retries) neither replays nor is recorded.
+local last = ARGV[5] ~= '' and redis.call('HGET', KEYS[10], ARGV[4])
 if last then
   local sep = string.find(last, '|', 1, true)
   if string.sub(last, 1, sep - 1) == ARGV[5] then
@@ -43,7 +44,9 @@ for prio = 1, 3 do
   end
   if n >= count then break end
 end
-redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. table.concat(taken, ','))
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. table.concat(taken, ','))
+end
 if n < count then
   -- Nothing is left to take: no token may wake a worker for nothing.
   redis.call('DEL', KEYS[8])

@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
-from django.db.models.functions import Now
 from redis.exceptions import RedisError
 
 from ..backends import watch_handover
@@ -233,8 +232,7 @@ class SenderLoop:
 
     def _reschedule_if_early(self, item: Claimed) -> None:
         """A queued row that is not due yet was pushed early: put it in `scheduled`."""
-        # The same clock as the claim statement's due test (see sql.py).
-        now = Now() if connection.vendor == "postgresql" else self.worker.clock.now()
+        now = sql.due_clock(self.worker.clock.now())
         row = (
             Delivery.objects.filter(pk=item.id, status=Status.QUEUED, not_before__gt=now)
             .values_list("priority", "not_before")

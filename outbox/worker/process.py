@@ -26,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable
 from types import FrameType
+from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
@@ -251,6 +252,6 @@ class Worker:
             )
 
 
-def run_worker(**options: object) -> int:
+def run_worker(**options: Any) -> int:
     """Entry point for the management command."""
-    return Worker(**options).run()  # type: ignore[arg-type]
+    return Worker(**options).run()

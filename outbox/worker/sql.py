@@ -21,6 +21,7 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 from django.db import connection
+from django.db.models.functions import Now
 
 from ..db import binding_cursor
 from ..models import Attachment, Delivery, Email
@@ -240,3 +241,12 @@ def load_email(email_id: int) -> tuple[Email, bool]:
 def _json(value: Any) -> Any:
     # A raw cursor gets JSON columns as text on PostgreSQL (Django's loader) and SQLite.
     return json.loads(value) if isinstance(value, str | bytes) else value
+
+
+def due_clock(redis_now: datetime) -> Now | datetime:
+    """The clock of the claim statement's due test, for an ORM filter.
+
+    The same rule as ``{db_now}`` above: the database's clock on PostgreSQL,
+    Redis time (passed in) elsewhere.
+    """
+    return Now() if connection.vendor in _DB_NOW else redis_now
