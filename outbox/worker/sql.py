@@ -38,7 +38,7 @@ _DB_NOW = {
 
 # Each finds its row by primary key. The status test is written as
 # ``(status = ...) IS TRUE``, which no index can serve, because PostgreSQL
-# otherwise may plan it on the (status, updated_at) index when its statistics
+# otherwise may plan it on a partial index of queued rows when its statistics
 # say few rows are queued (a new table, or one analysed just after a drain):
 # each claim would then scan every queued row, and a burst of n emails would
 # cost O(n^2).
