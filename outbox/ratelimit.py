@@ -13,11 +13,13 @@ subdomain is usually another service). Units are ``/s``, ``/m``, ``/h`` and
 **How a limit is held.** Each limit is a GCRA bucket with no burst, in Redis,
 on Redis' own clock (``lua/rate_take.lua``): ``n/period`` sends are spaced
 ``period/n`` apart, whichever worker sends them. A message goes out when its
-slot has come *and* a worker claims it: when workers are idle that can be up
-to ``BLOCK_TIMEOUT`` after the slot, so a late send can fall close to the
-next one. Over one period the count then stays within ``n`` plus the slots
-of one ``BLOCK_TIMEOUT`` (with busy workers, which claim all the time, the
-lateness is a round trip). A message takes a slot from its domain's
+slot has come *and* a worker claims it, which may be later (idle workers look
+every ``BLOCK_TIMEOUT``; a loaded host lags). So that a backlog whose slots
+came while the workers lagged does not go out at once, the sends keep a
+second GCRA clock with a tolerance of a tenth of the period: they may run
+ahead of the spacing by that much, and a message beyond it takes a new slot
+at the end. Any window of one period then holds at most ``n + n/10 + 1``
+sends (at ``50/s``: 56), and exactly the spacing while the workers keep up. A message takes a slot from its domain's
 limit and from ``"*"`` in one script call: when one of them is busy, the other
 is not consumed. The busy one *reserves* its next free slot for the message,
 and the message waits for it in ``scheduled``; when it comes back, the slot is

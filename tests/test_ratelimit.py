@@ -145,6 +145,21 @@ def test_a_busy_global_limit_does_not_consume_the_domain(queue):
     assert queue.redis.hget(ratelimit.state_key(queue, "b.example"), "tat") is None
 
 
+def test_a_backlog_whose_slots_went_by_catches_up_by_a_tenth_of_the_period(queue):
+    limit = Limit("*", "10/s", 10, 1.0)
+    assert take(queue, 1, [limit])[1] is None
+    slots = [take(queue, i, [limit])[1] for i in range(2, 7)]
+    assert slots == sorted(slots) and slots[0] is not None
+    wait_until(lambda: queue.time() > slots[-1], timeout=5)
+    # The workers lagged: all five slots have passed. They may run ahead of the
+    # spacing by 0.1 s (one interval at 10/s) and no more.
+    results = [take(queue, i, [limit]) for i in range(2, 7)]
+    admitted = [i for i, (_now, slot) in zip(range(2, 7), results, strict=True) if slot is None]
+    assert 1 <= len(admitted) <= 2, results
+    later = [slot for _now, slot in results if slot is not None]
+    assert min(later) > slots[-1]  # new slots at the end
+
+
 def usage_of(queue, *configured: Limit) -> list[ratelimit.LimitUsage]:
     from django.conf import settings
     from django.test import override_settings
