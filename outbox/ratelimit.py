@@ -24,7 +24,11 @@ limit and from ``"*"`` in one script call: when one of them is busy, the other
 is not consumed. The busy one *reserves* its next free slot for the message,
 and the message waits for it in ``scheduled``; when it comes back, the slot is
 its own. Reservations make a backlog cost one refusal per message (not one per
-slot), and they are the backlog each limit reports (:func:`usage`).
+slot), and they are the backlog each limit reports (:func:`usage`): a
+sorted set of the held ids per limit, rather than a counter, because the set
+is the reservation itself: the count needs no decrement that a crash or a
+cancelled row could skip (a slot stops counting once its time has come, and
+a reservation nobody claims is dropped an hour after it).
 
 **Where it is checked, and why there.** Redis holds only ids, so the recipient
 is known only once the worker's claim UPDATE has returned the row. The check
