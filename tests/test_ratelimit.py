@@ -208,11 +208,12 @@ def test_a_domain_limit_holds_its_backlog_while_other_domains_flow(
     assert len(outbox_mail) == 42
 
 
-def test_two_worker_processes_share_one_global_limit(worker_process):
-    rows = enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(20)])
+def test_two_worker_processes_share_one_global_limit(worker_process, queue):
     env = {"OUTBOX_TEST_RATE_LIMITS": json.dumps({"*": "5/s"})}
     worker_process("--concurrency", "2", **env)
     worker_process("--concurrency", "2", **env)
+    wait_until(lambda: len(queue.live_workers()) == 2, timeout=30)
+    rows = enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(20)])
     pks = [d.pk for d in rows]
     wait_until(
         lambda: Delivery.objects.filter(pk__in=pks, status=Status.SENT).count() == 20, timeout=40
