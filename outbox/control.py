@@ -22,8 +22,10 @@ known: its rows go back exactly like a rate-limit refusal (not an attempt),
 interval. Each look costs the row two UPDATEs (the claim and the give-back),
 so a backlog of N rows to a paused domain costs about
 ``2 * N / PAUSED_DOMAIN_RECHECK`` writes per second: raise the interval for
-long pauses of a big domain. A domain whose server answered 421 or 450 is held the same way
-until its ``slow:`` time (``THROTTLE_PENALTY``).
+long pauses of a big domain. A domain whose server answered 421 or 450 is
+held the same way until its ``slow:`` time (``THROTTLE_PENALTY``); a 421
+while connecting is about the server as a whole, and holds every domain
+(``slow:*``).
 
 **If Redis loses the hash** (a flush, a restart without persistence), the
 safe default is the state the workers last saw, and a pause is never dropped:
@@ -233,7 +235,6 @@ def hold_until(current: ControlState, domain: str, now: float) -> float | None:
         from .conf import outbox_settings
 
         return now + outbox_settings.PAUSED_DOMAIN_RECHECK
-    until = current.slow_domains.get(domain)
-    if until is not None and until > now:
-        return until
-    return None
+    # "*": the server as a whole asked us to slow down (a 421 when connecting).
+    until = max(current.slow_domains.get(domain, 0.0), current.slow_domains.get("*", 0.0))
+    return until if until > now else None

@@ -54,7 +54,9 @@ that never left (its attempt log shows no send).
 **Slowing a domain down.** A 421 or 450 from the mail server (see
 :func:`throttled`) is a request to slow down: besides the usual retry of
 that message, the domain is held for ``THROTTLE_PENALTY`` seconds
-(``outbox.control.slow_down``), so the following messages to it wait too.
+(``outbox.control.slow_down``), so the following messages to it wait too. A
+421 while connecting (before any recipient was named) is about the server
+as a whole: then every domain waits.
 """
 
 from __future__ import annotations

@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
+import socket
 import threading
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 from django.core.management import call_command
+from django.utils import timezone
 
 from outbox import control, enqueue_email, ratelimit
 from outbox.checks import check_outbox_settings
@@ -251,6 +255,55 @@ def test_a_421_slows_the_whole_domain_down(settings, running):
         assert first.status == Status.QUEUED and first.attempts == 1
         assert Attempt.objects.get(delivery_id=first.pk).outcome == Attempt.Outcome.RETRY
         assert worker.stats.delivered_total == 6
+    finally:
+        server.stop()
+
+
+class BusyServer:
+    """Answers every connection with a 421 greeting, as a relay that is too busy does."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.listener.accept()
+            except OSError:
+                return
+            with conn:
+                conn.sendall(b"421 4.3.2 Too busy, try later\r\n")
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        self.thread.join(timeout=5)
+
+
+def test_a_421_greeting_holds_all_sending(settings, running, queue):
+    server = BusyServer()
+    try:
+        use_smtp(settings, server.port, THROTTLE_PENALTY=30.0, RETRY_BACKOFF=(30.0, 30.0))
+        [first] = enqueue_email("s", "b", None, ["a@one.example"])
+        running()
+        wait_until(lambda: Attempt.objects.filter(delivery_id=first.pk).exists(), timeout=10)
+        assert "*" in control.state(queue).slow_domains
+        [other] = enqueue_email("s", "b", None, ["b@two.example"])
+        # Another domain waits too (given back, not attempted): the server as a whole is busy.
+        held = wait_until(
+            lambda: Delivery.objects.filter(
+                pk=other.pk,
+                status=Status.QUEUED,
+                not_before__gt=timezone.now() + timedelta(seconds=20),
+            ).first(),
+            timeout=10,
+        )
+        assert held.attempts == 0
+        assert not Attempt.objects.filter(delivery_id=other.pk).exists()
     finally:
         server.stop()
 

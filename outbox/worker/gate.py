@@ -107,11 +107,15 @@ class Gate:
             logger.debug("delivery %s held until %s", delivery.pk, due.isoformat())
         return changed
 
-    def on_send_error(self, started: Started, exc: BaseException) -> None:
-        """A 421 or 450 slows the recipient's whole domain down, not only this message."""
+    def on_send_error(self, started: Started, exc: BaseException, *, connecting: bool) -> None:
+        """A 421 or 450 slows the recipient's whole domain down, not only this message.
+
+        Said while ``connecting`` (the greeting, EHLO, login), it is about the
+        mail server as a whole, not one domain: then all sending (``"*"``) waits.
+        """
         if not ratelimit.throttled(exc):
             return
-        domain = ratelimit.domain_of(started.delivery.recipient)
+        domain = ratelimit.GLOBAL if connecting else ratelimit.domain_of(started.delivery.recipient)
         seconds = outbox_settings.THROTTLE_PENALTY
         try:
             control.slow_down(domain, seconds, self.worker.queue)

@@ -291,7 +291,7 @@ class SenderLoop:
                 self.backend_open = True
             except Exception as exc:
                 # Cannot reach the mail server: nothing was handed over.
-                self.gate.on_send_error(started, exc)
+                self.gate.on_send_error(started, exc, connecting=True)
                 return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started)
         if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
@@ -316,7 +316,7 @@ class SenderLoop:
             if self.backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except Exception as exc:
-            self.gate.on_send_error(started, exc)
+            self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
         return Settlement(started, Outcome.SENT)
