@@ -52,6 +52,12 @@ DEFAULTS: dict[str, Any] = {
     "BLOCK_TIMEOUT": 1.0,
     # The sweeper re-checks every queued row against Redis at least this often.
     "MIRROR_FULL_SCAN_INTERVAL": 3600.0,
+    # PostgreSQL: run the worker's per-email statement through the PL/pgSQL
+    # function the migrations create (its plans are cached per connection, a
+    # saving as large as prepared statements', without needing them). False:
+    # the same statement as plain SQL, for databases where functions may not be
+    # created (fake-apply migration 0004 then).
+    "POSTGRESQL_FUNCTIONS": True,
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
@@ -136,6 +142,10 @@ class OutboxSettings:
     @property
     def MIRROR_FULL_SCAN_INTERVAL(self) -> float:
         return float(self._get("MIRROR_FULL_SCAN_INTERVAL"))
+
+    @property
+    def POSTGRESQL_FUNCTIONS(self) -> bool:
+        return bool(self._get("POSTGRESQL_FUNCTIONS"))
 
     @property
     def METRICS_TOKEN(self) -> str | None:

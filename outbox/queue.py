@@ -38,8 +38,8 @@ UPDATE in the database, so a stale or repeated id changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from functools import cache
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache, partial
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
@@ -73,6 +73,16 @@ class Claimed(NamedTuple):
 
 
 @cache
+@cache
+def _shared_script(name: str) -> Script:
+    """One Script per process: its source is read and its SHA1 computed once.
+
+    It is always called with the queue's own client (``client=``), so one
+    object serves every connection.
+    """
+    return Script(None, _script_source(name).encode())  # type: ignore[arg-type]
+
+
 def _script_source(name: str) -> str:
     lua = resources.files("outbox").joinpath("lua")
     body = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
@@ -124,7 +134,6 @@ class RedisQueue:
         self.mirror_key = f"{tag}:mirror"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
-        self._scripts: dict[str, Script] = {}
 
     # -- keys -------------------------------------------------------------
 
@@ -150,12 +159,11 @@ class RedisQueue:
             keys += [self.processing_key(worker_id), self.claims_key(worker_id)]
         return keys
 
-    def _script(self, name: str) -> Script:
+    def _script(self, name: str) -> Callable[..., Any]:
         # Script objects use EVALSHA and reload on NOSCRIPT, so they survive a
-        # Redis restart that forgot the script cache.
-        if name not in self._scripts:
-            self._scripts[name] = self.redis.register_script(_script_source(name))
-        return self._scripts[name]
+        # Redis restart that forgot the script cache. A caller may still pass
+        # its own client= (a pipeline).
+        return partial(_shared_script(name), client=self.redis)
 
     def time(self) -> float:
         """Redis' clock, epoch seconds: the one clock of every queue decision."""

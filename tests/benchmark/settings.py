@@ -89,6 +89,9 @@ else:
 # Every system delivers through the same backend.
 EMAIL_BACKEND = DELIVERY_BACKEND
 OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND}
+if os.environ.get("BENCH_OUTBOX_PLAIN_SQL"):
+    # The worker's plain statement instead of the PL/pgSQL function (a comparison row).
+    OUTBOX["POSTGRESQL_FUNCTIONS"] = False
 MAILER_EMAIL_BACKEND = DELIVERY_BACKEND
 _tmp = os.environ.get("BENCH_TMP", tempfile.gettempdir())
 MAILER_LOCK_PATH = os.path.join(_tmp, "mailer_send")

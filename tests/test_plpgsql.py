@@ -1,0 +1,178 @@
+"""The PL/pgSQL step function and the plain statement agree on every transition.
+
+On PostgreSQL the worker runs its per-email step through the function the
+migrations create (``outbox/plpgsql.py``) unless ``POSTGRESQL_FUNCTIONS`` is
+False, when it runs the same step as one plain statement. Each case here puts
+two identical rows in the same state, steps one each way, and compares what
+came back and what the rows hold afterwards.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from outbox import enqueue_email
+from outbox.models import Delivery
+from outbox.worker import sql
+
+pytestmark = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="PL/pgSQL exists on PostgreSQL only"
+)
+
+Status = Delivery.Status
+TOKEN = uuid.UUID(int=1)
+OTHER_TOKEN = uuid.UUID(int=2)
+BEFORE = timezone.now() - timedelta(hours=1)
+
+# The columns a step may change, compared row against row.
+COLUMNS = (
+    "status",
+    "attempts",
+    "worker_id",
+    "claim_token",
+    "processing_started_at",
+    "sent_at",
+    "updated_at",
+    "last_error",
+)
+
+
+def _row(state: str, *, due: bool = True, attachments: bool = False) -> Delivery:
+    """A fresh delivery in ``state``, claimed with TOKEN when processing."""
+    kwargs: dict[str, Any] = {}
+    if attachments:
+        kwargs["attachments"] = [("a.txt", b"x", "text/plain")]
+    if not due:
+        kwargs["send_at"] = timezone.now() + timedelta(days=1)
+    (delivery,) = enqueue_email("s", "b", "from@example.com", ["to@example.com"], **kwargs)
+    # The same updated_at on every row, so that an untouched row compares equal.
+    Delivery.objects.filter(pk=delivery.pk).update(
+        status=state,
+        claim_token=TOKEN if state == Status.PROCESSING else None,
+        worker_id="w#old" if state == Status.PROCESSING else "",
+        updated_at=BEFORE,
+    )
+    return delivery
+
+
+def _outcome(result: tuple[int, sql.ClaimedRow | None]) -> tuple[Any, ...]:
+    settled, claimed = result
+    if claimed is None:
+        return (settled, None)
+    d, email = claimed.delivery, claimed.email
+    content = None
+    if email is not None:
+        content = (email.subject, email.body, email.from_email, email.reply_to, email.headers)
+    return (
+        settled,
+        (d.recipient, d.priority, d.attempts, d.max_attempts, d.email_id is not None),
+        content,
+        claimed.has_attachments,
+    )
+
+
+def _state(pk: int) -> dict[str, Any]:
+    return Delivery.objects.filter(pk=pk).values(*COLUMNS).get()
+
+
+# Each case: (name, how to build the rows, the step to run: (settle row, claim row) -> args)
+Setup = Callable[[], tuple[Delivery | None, Delivery | None]]
+
+
+def _claim(state: str, **kw: Any) -> Setup:
+    return lambda: (None, _row(state, **kw))
+
+
+def _settle(state: str) -> Setup:
+    return lambda: (_row(state), None)
+
+
+CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
+    ("claim a due queued row", _claim(Status.QUEUED), TOKEN, False),
+    ("claim a due row whose email is cached", _claim(Status.QUEUED), TOKEN, True),
+    ("claim a row with attachments", _claim(Status.QUEUED, attachments=True), TOKEN, False),
+    ("claim a row not yet due", _claim(Status.QUEUED, due=False), TOKEN, False),
+    *[
+        (f"claim a {state} row", _claim(state), TOKEN, False)
+        for state in (
+            Status.PROCESSING,
+            Status.SENT,
+            Status.FAILED,
+            Status.ABANDONED,
+            Status.CANCELLED,
+        )
+    ],
+    ("settle our processing row", _settle(Status.PROCESSING), TOKEN, False),
+    ("settle with another attempt's token", _settle(Status.PROCESSING), OTHER_TOKEN, False),
+    *[
+        (f"settle a row that is {state}", _settle(state), TOKEN, False)
+        for state in (Status.QUEUED, Status.ABANDONED, Status.SENT, Status.FAILED)
+    ],
+    (
+        "settle one row and claim the next",
+        lambda: (_row(Status.PROCESSING), _row(Status.QUEUED)),
+        TOKEN,
+        False,
+    ),
+    (
+        "settle a stolen row and claim the next",
+        lambda: (_row(Status.ABANDONED), _row(Status.QUEUED)),
+        TOKEN,
+        False,
+    ),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("setup", "settle_token", "cached"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_function_and_plain_statement_agree(settings, setup, settle_token, cached):
+    now = timezone.now()
+    results = []
+    for functions in (True, False):
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
+        settle, claim = setup()
+        known = claim.email_id if (claim is not None and cached) else 0
+        result = sql.step_postgresql(
+            (settle.pk, settle_token) if settle is not None else None,
+            claim.pk if claim is not None else None,
+            "w#new",
+            TOKEN,
+            now,
+            known,
+        )
+        rows = [_state(r.pk) if r is not None else None for r in (settle, claim)]
+        results.append((_outcome(result), rows))
+    (by_function, function_rows), (by_plain, plain_rows) = results
+    assert by_function == by_plain
+    assert function_rows == plain_rows
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_cases_cover_every_transition_of_the_step(settings):
+    """The function really ran, and both a claim and a success were among the cases."""
+    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}
+    settle, claim = _row(Status.PROCESSING), _row(Status.QUEUED)
+    settled, claimed = sql.step_postgresql(
+        (settle.pk, TOKEN), claim.pk, "w#new", TOKEN, timezone.now(), 0
+    )
+    assert settled == 1
+    assert claimed is not None and claimed.email is not None
+    assert _state(settle.pk)["status"] == Status.SENT
+    after = _state(claim.pk)
+    assert (after["status"], after["attempts"], after["worker_id"]) == (
+        Status.PROCESSING,
+        1,
+        "w#new",
+    )
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_step'")
+        assert cursor.fetchone()[0] == 1
