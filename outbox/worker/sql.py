@@ -91,6 +91,20 @@ SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worke
     %(now)s, %(known)s)
 """
 
+# SQLite: the claim returns the email's content too, as one JSON array built by
+# a subquery (SQLite has no data-modifying CTE), unless the worker has it cached.
+# The attachments test is inside it, so the whole step is two statements.
+_CLAIM_SQL_SQLITE = (
+    _CLAIM_SQL.rstrip()
+    + """,
+    CASE WHEN email_id = %(known)s THEN NULL ELSE (
+        SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
+            json(e.headers), EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id))
+        FROM {email} e WHERE e.id = email_id
+    ) END
+"""
+)
+
 _EMAIL_SQL = """
 SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
     EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
@@ -234,6 +248,68 @@ def step_postgresql(
     if row[7] is None:
         return settled, ClaimedRow(delivery, None, False)
     return settled, ClaimedRow(delivery, _email_from(row[1], row[7:13]), bool(row[13]))
+
+
+def step_sqlite(
+    settle: tuple[int, uuid.UUID] | None,
+    claim_id: int | None,
+    worker_id: str,
+    token: uuid.UUID,
+    now: datetime,
+    known_email: int,
+) -> tuple[int, ClaimedRow | None]:
+    """Record a success and claim the next row in one transaction (SQLite).
+
+    The same contract as :func:`step_postgresql`. It runs on the DB-API
+    connection with its own BEGIN IMMEDIATE ... COMMIT: Django's atomic() and
+    cursor wrappers cost more Python than the two statements, and this is the
+    only write of a delivered email. Errors still surface as Django's
+    DatabaseError, and a failed transaction is rolled back whole.
+    """
+    params = _params(
+        now,
+        settle_id=settle[0] if settle is not None else None,
+        settle_token=settle[1] if settle is not None else None,
+        claim_id=claim_id,
+        worker=worker_id,
+        token=token,
+        known=known_email,
+    )
+    connection.ensure_connection()
+    raw = connection.connection
+    settled, row = 0, None
+    with connection.wrap_database_errors:
+        cursor = raw.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        try:
+            if settle is not None:
+                cursor.execute(_sqlite_text(_SENT_SQL), params)
+                settled = cursor.rowcount
+            if claim_id is not None:
+                cursor.execute(_sqlite_text(_CLAIM_SQL_SQLITE), params)
+                row = cursor.fetchone()
+            cursor.execute("COMMIT")
+        except BaseException:
+            if raw.in_transaction:
+                raw.rollback()
+            raise
+        finally:
+            cursor.close()
+    if row is None:
+        return settled, None
+    assert claim_id is not None
+    delivery = _delivery(claim_id, worker_id, token, now, row[:6])
+    if row[6] is None:
+        return settled, ClaimedRow(delivery, None, False)
+    content = json.loads(row[6])
+    return settled, ClaimedRow(delivery, _email_from(row[0], content[:6]), bool(content[6]))
+
+
+@functools.cache
+def _sqlite_text(template: str) -> str:
+    # The DB-API's own placeholders (:name), as Django's SQLite cursor would write them.
+    names = _params(datetime(2000, 1, 1)).keys()
+    return _sql_for_vendor(template, "sqlite") % {name: f":{name}" for name in names}
 
 
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
