@@ -65,7 +65,6 @@ class Sizes:
     scale_history: tuple[int, int] = (10_000, 1_000_000)
     scale_drain: int = 5_000
     scale_concurrency: int = 16
-    two_proc_concurrency: int = 8
 
 
 QUICK = Sizes(

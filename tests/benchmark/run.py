@@ -67,7 +67,7 @@ def parent_main(args: argparse.Namespace) -> None:
     rows = [Row(**r) for db in children for r in children[db]["rows"]]
     info = machine_info(children)
     params = parameters(args, sizes, children, started)
-    report, _targets = build_report(rows, children, info, params)
+    report, _targets = build_report(rows, children, info, params, Path(args.previous))
     RESULTS.mkdir(parents=True, exist_ok=True)
     target_file = Path(args.output)
     target_file.write_text(report)
@@ -186,6 +186,11 @@ def main() -> None:
         "--only", default="", help="comma list of parts: enqueue,noop,smtp,counts,profile,scale"
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
+    parser.add_argument(
+        "--previous",
+        default=str(RESULTS / "latest.md"),
+        help="the earlier report whose figures are shown next to this run's",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
