@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from outbox import enqueue_email
+from outbox import enqueue_email, status
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from tests.conftest import ROOT
@@ -102,6 +102,11 @@ def fail_over_mid_delivery(
                 interval=0.1,
             )
             drained = time.monotonic() - killed
+            # outbox_status reads the topology too (its MULTI is single-slot), and
+            # sees both workers registered there, not in the cell's own Redis.
+            snapshot = status.collect()
+            assert snapshot["redis"]["ok"], snapshot["redis"]["error"]
+            assert len([w for w in snapshot["redis"]["workers"] if w["alive"]]) == 2
             for proc in [*workers, sweeper]:
                 assert proc.poll() is None, proc.stdout.read() if proc.stdout else ""
     finally:
