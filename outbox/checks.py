@@ -17,6 +17,12 @@ outbox.W002 ``OUTBOX["MAILER"]`` is set but ``MAILERS`` is not in use
 outbox.W003 Django 6.1 with ``MAILERS``, and a dotted path in ``OUTBOX["EMAIL_BACKEND"]``
 outbox.E009 ``OUTBOX["SEND_TIMEOUT"]`` is not a positive number of seconds
 outbox.W004 the metrics URL is routed but ``OUTBOX["METRICS_TOKEN"]`` is not set
+outbox.E015 ``OUTBOX["RECONCILERS"]``: not a list of dotted paths of reconciler classes
+outbox.E016 ``RECONCILE_BATCH``, ``RECONCILE_RETRY_AFTER`` or ``RECONCILE_MAX_AGE`` out of range
+outbox.E017 ``PostfixLogReconciler`` is listed but ``OUTBOX["POSTFIX_LOG"]`` is not set
+outbox.W007 ``OUTBOX["POSTFIX_LOG"]`` cannot be read on this host
+outbox.E018 the outbox's cache uses ``ClusterClient`` with a LOCATION a cluster cannot have
+outbox.E019 the outbox's cache uses django-redis' ``SentinelClient`` without sentinels
 ========== ==============================================================
 """
 
@@ -56,6 +62,7 @@ def check_outbox_settings(
     errors += _check_send_timeout(raw)
     errors += _check_key_prefix()
     errors += _check_delivery_target()
+    errors += _check_topology_and_reconcilers(raw)
     return errors
 
 
@@ -218,6 +225,15 @@ def _check_delivery_target() -> list[CheckMessage]:
             )
         )
     return errors
+
+
+# -- Redis Sentinel / Cluster, and reconcilers (outbox.E015-E019, W007) ---------------
+
+
+def _check_topology_and_reconcilers(raw: dict[str, Any]) -> list[CheckMessage]:
+    from .checks_topology import check_reconcilers, check_redis_topology
+
+    return check_redis_topology() + check_reconcilers(raw)
 
 
 @register(Tags.urls)

@@ -61,6 +61,18 @@ DEFAULTS: dict[str, Any] = {
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
+    # -- automatic settlement of abandoned rows (outbox/reconcile.py) --
+    # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
+    # about abandoned rows.
+    "RECONCILERS": [],
+    # Abandoned rows asked about per sweep pass (the oldest first).
+    "RECONCILE_BATCH": 100,
+    # Seconds before a row the reconcilers could not settle is asked again.
+    "RECONCILE_RETRY_AFTER": 900.0,
+    # Rows abandoned longer ago than this (seconds) are left to a person.
+    "RECONCILE_MAX_AGE": 7 * 86400.0,
+    # Postfix's mail log, for outbox.reconcilers.PostfixLogReconciler.
+    "POSTFIX_LOG": None,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -151,6 +163,29 @@ class OutboxSettings:
     def METRICS_TOKEN(self) -> str | None:
         # An empty string counts as "not set": it must never match a bare "Bearer".
         value = self._get("METRICS_TOKEN")
+        return str(value) if value else None
+
+    # -- automatic settlement of abandoned rows --
+
+    @property
+    def RECONCILERS(self) -> list[str]:
+        return [str(path) for path in self._get("RECONCILERS") or []]
+
+    @property
+    def RECONCILE_BATCH(self) -> int:
+        return int(self._get("RECONCILE_BATCH"))
+
+    @property
+    def RECONCILE_RETRY_AFTER(self) -> float:
+        return float(self._get("RECONCILE_RETRY_AFTER"))
+
+    @property
+    def RECONCILE_MAX_AGE(self) -> float:
+        return float(self._get("RECONCILE_MAX_AGE"))
+
+    @property
+    def POSTFIX_LOG(self) -> str | None:
+        value = self._get("POSTFIX_LOG")
         return str(value) if value else None
 
 

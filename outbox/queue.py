@@ -21,6 +21,8 @@ and scripts stay legal on Redis Cluster:
 ``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
+``{p}:reconcile-asked``        sorted set: abandoned rows the reconcilers could not
+                               settle, score = when asked (see ``reconcile.py``)
 
 The rules every script keeps:
 
@@ -47,6 +49,7 @@ from redis import Redis
 from redis.commands.core import Script
 
 from .conf import PRIORITIES, outbox_settings
+from .redis_cluster import is_cluster, slot_target
 
 PRIORITY_INDEX: dict[str, int] = {name: i + 1 for i, name in enumerate(PRIORITIES)}
 PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
@@ -132,6 +135,7 @@ class RedisQueue:
         self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
+        self.reconcile_key = f"{tag}:reconcile-asked"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
 
@@ -167,7 +171,9 @@ class RedisQueue:
 
     def time(self) -> float:
         """Redis' clock, epoch seconds: the one clock of every queue decision."""
-        seconds, micros = cast(tuple[int, int], self.redis.time())
+        # On a cluster, from the primary that runs the scripts (their clock).
+        target = slot_target(self.redis, self.queued_key)
+        seconds, micros = cast(tuple[int, int], self.redis.time(**target))
         return seconds + micros / 1_000_000
 
     # -- producers ----------------------------------------------------------
@@ -187,8 +193,13 @@ class RedisQueue:
         script = self._script("push")
         keys = self._keys()
         flag = 1 if force else 0
-        if len(entries) <= PUSH_CHUNK:
-            return int(script(keys=keys, args=[flag, *_entry_args(entries)]))
+        if len(entries) <= PUSH_CHUNK or is_cluster(self.redis):
+            # A cluster pipeline cannot reload a script its node forgot (after
+            # a failover): there, one call per chunk.
+            return sum(
+                int(script(keys=keys, args=[flag, *_entry_args(entries[i : i + PUSH_CHUNK])]))
+                for i in range(0, len(entries), PUSH_CHUNK)
+            )
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(entries), PUSH_CHUNK):
             chunk = entries[start : start + PUSH_CHUNK]

@@ -21,7 +21,10 @@ The database is the truth; a pass makes Redis and the rows agree again:
    ``--full-mirror-check`` and once per ``MIRROR_FULL_SCAN_INTERVAL``.
    Otherwise the *incremental* check pushes the rows that became queued since
    the last pass, gated by the set, so it adds no id that is already waiting.
-4. **Retention** (optional): sent rows past an age are deleted in batches.
+4. **Settlement** (optional): ``OUTBOX["RECONCILERS"]`` are asked about the
+   oldest abandoned rows, which are settled from their answers
+   (``reconcile.py``).
+5. **Retention** (optional): sent rows past an age are deleted in batches.
 
 The policy for rows that were processing when their worker died:
 
@@ -54,7 +57,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import operations
+from . import operations, reconcile
 from .clock import from_timestamp
 from .conf import outbox_settings
 from .models import Attempt, Delivery, Email
@@ -84,6 +87,8 @@ class SweepReport:
     promoted: int = 0
     reaped: int = 0  # dead workers cleaned up
     purged: int = 0
+    reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
+    reconciled_requeued: int = 0  # ... and requeued as never sent
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
     errors: list[str] = field(default_factory=list)
@@ -99,6 +104,11 @@ class SweepReport:
         )
         if self.purged:
             text += f", purged {self.purged}"
+        if self.reconciled_sent or self.reconciled_requeued:
+            text += (
+                f", settled by reconcilers: {self.reconciled_sent} sent, "
+                f"{self.reconciled_requeued} requeued"
+            )
         text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
         text += f"{self.seconds:.2f}s)"
         if self.errors:
@@ -144,6 +154,7 @@ class Sweeper:
         try:
             self._reap_dead_workers(report)
             self._settle_stuck_rows(report)
+            self._reconcile(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
             if purge_sent_older_than is not None:
@@ -280,6 +291,15 @@ class Sweeper:
                     len(result.changed),
                     result.changed[:20],
                 )
+
+    # -- settlement by the reconcilers ------------------------------------------
+
+    def _reconcile(self, report: SweepReport) -> None:
+        result = reconcile.reconcile(self.queue, self.policy)
+        report.reconciled_sent += result.sent
+        report.reconciled_requeued += result.requeued
+        report.errors += result.errors
+        self._keep_lease()
 
     # -- 3. the Redis mirror --------------------------------------------------------
 

@@ -12,6 +12,7 @@ database names:
 - OUTBOX_TEST_SQLITE_DIR: the folder of the SQLite databases
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
+- OUTBOX_TEST_REDIS_TOPOLOGY: a Sentinel or Cluster instead (tests/topologies.py)
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
   where a worker subprocess delivers (see "Email" below)
@@ -103,6 +104,11 @@ CACHES = {
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
     }
 }
+
+if os.environ.get("OUTBOX_TEST_REDIS_TOPOLOGY"):
+    from tests.topologies import cache_from_env
+
+    CACHES["default"] = cache_from_env(os.environ["OUTBOX_TEST_REDIS_TOPOLOGY"])
 
 OUTBOX = {
     "HEARTBEAT_INTERVAL": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_INTERVAL", "0.5")),
