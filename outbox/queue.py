@@ -76,7 +76,6 @@ class Claimed(NamedTuple):
 
 
 @cache
-@cache
 def _shared_script(name: str) -> Script:
     """One Script per process: its source is read and its SHA1 computed once.
 
@@ -86,6 +85,7 @@ def _shared_script(name: str) -> Script:
     return Script(None, _script_source(name).encode())  # type: ignore[arg-type]
 
 
+@cache
 def _script_source(name: str) -> str:
     lua = resources.files("outbox").joinpath("lua")
     body = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
