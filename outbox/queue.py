@@ -21,6 +21,8 @@ and scripts stay legal on Redis Cluster:
 ``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
+``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
+                               (``counters.py``; never written by a worker)
 
 The rules every script keeps:
 
@@ -122,6 +124,7 @@ class RedisQueue:
         self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
+        self.sent_total_key = f"{tag}:sent-total"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
         self._scripts: dict[str, Script] = {}
