@@ -290,6 +290,27 @@ def test_a_scrape_runs_a_bounded_number_of_queries(client, queue):
     assert values["outbox_redis_missing"] == {"": 0}
 
 
+def test_the_sent_gauge_may_be_an_estimate_the_counter_is_exact(client, monkeypatch):
+    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 20)
+    rows = enqueue_email("s", "b", None, [f"s{i}@example.com" for i in range(30)])
+    sent_at(1, *rows)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE outbox_delivery")
+    Delivery.objects.filter(pk__in=[r.pk for r in rows[:10]]).delete()
+    response = scrape(client)
+    values, _types = parse(response.content.decode())
+    # PostgreSQL: the planner's estimate, which the deletion has not reached yet.
+    assert values["outbox_deliveries"]["sent"] == (30 if connection.vendor == "postgresql" else 20)
+    assert values["outbox_sent_total"] == {"": 20}
+    [help_line] = [
+        line
+        for line in response.content.decode().splitlines()
+        if line.startswith("# HELP outbox_deliveries ")
+    ]
+    assert 'status="sent" on PostgreSQL from 20 sent rows on' in help_line
+    assert "estimate" in help_line
+
+
 def sent_at(minutes_ago: float, *rows: Delivery) -> None:
     when = timezone.now() - timedelta(minutes=minutes_ago)
     Delivery.objects.filter(pk__in=[r.pk for r in rows]).update(status="sent", sent_at=when)

@@ -66,6 +66,7 @@ class Sizes:
     scale_drain: int = 5_000
     scale_concurrency: int = 16
     two_proc_concurrency: int = 8
+    dashboard_rows: int = 1_000_000
 
 
 QUICK = Sizes(
@@ -76,6 +77,7 @@ QUICK = Sizes(
     counts=300,
     scale_history=(10_000, 100_000),
     scale_drain=500,
+    dashboard_rows=200_000,
 )
 
 
