@@ -17,7 +17,9 @@ between to ``base``. Why this is right:
   its send (Redis time, or the operator's "mark sent"). A row is committed
   within moments of that time (the worker writes it right after the send, or
   with its next claim), far less than :data:`SETTLE`: so no row can appear
-  behind the checkpoint once it has moved past it.
+  behind the checkpoint once it has moved past it. The checkpoint is placed
+  by Redis' clock too (an operator's "mark sent" uses the web server's clock,
+  which NTP keeps far closer than :data:`SETTLE`).
 - The two fields are written together in one ``HSET``. Two scrapers at once
   may write checkpoints of different ages; each pair is consistent on its own,
   and whichever stays, the next scrape counts on from it. No lock is needed.
@@ -45,16 +47,25 @@ from .queue import RedisQueue
 SETTLE = timedelta(minutes=10)
 
 
-def sent_total(queue: RedisQueue, now: datetime) -> int:
-    """How many deliveries were ever sent (see the module docstring): one query, two Redis calls."""
+def sent_total(queue: RedisQueue) -> int:
+    """How many deliveries were ever sent (see the module docstring).
+
+    One query, and two Redis round trips (the checkpoint and Redis' clock; then
+    the new checkpoint).
+    """
     key = queue.sent_total_key
-    since_raw, base_raw = queue.redis.hmget(key, ["since", "base"])
+    pipe = queue.redis.pipeline(transaction=False)
+    pipe.hmget(key, ["since", "base"])
+    pipe.time()
+    (since_raw, base_raw), (seconds, _micros) = pipe.execute()
     since = None
     if since_raw is not None and base_raw is not None:
         since = datetime.fromtimestamp(int(since_raw), tz=dt_timezone.utc)
     base = int(base_raw) if since is not None and base_raw is not None else 0
+    # Redis' clock, the one the worker stamps sent_at with, so that no other
+    # machine's clock can move the checkpoint ahead of rows still to come.
     # Whole seconds: the boundary is stored exactly and read back the same.
-    until = (now - SETTLE).replace(microsecond=0)
+    until = datetime.fromtimestamp(int(seconds), tz=dt_timezone.utc) - SETTLE
     rows = Delivery.objects.filter(status=Delivery.Status.SENT)
     if since is not None:
         rows = rows.filter(sent_at__gte=since)

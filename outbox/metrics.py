@@ -14,7 +14,7 @@ of them, the rows sent lately, and the ids of the queued rows for the
 comparison with Redis, which is skipped above :data:`outbox.status.COMPARE_LIMIT`
 queued rows) and one Redis round trip or two; then ``outbox_sent_total``
 (:mod:`outbox.counters`): one query over the rows sent in the last minutes, and
-two Redis calls. None of them reads the history of sent mail, so a scrape
+two Redis round trips. None of them reads the history of sent mail, so a scrape
 takes about as long on a million rows as on a hundred. Only counts and ages
 leave the process: never an address, a subject, a Message-ID, a worker id or
 an error message.
@@ -35,7 +35,6 @@ from datetime import datetime
 from typing import Any
 
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
-from django.utils import timezone
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
@@ -68,25 +67,24 @@ def _one(name: str, type_: str, help_: str, value: float) -> Family:
 
 def collect(queue: RedisQueue | None = None, now: datetime | None = None) -> list[Family]:
     """The metric families of one snapshot of the database and Redis."""
-    now = now or timezone.now()
     snapshot = status.collect(queue, now)
     families = _database_families(snapshot["database"])
     if snapshot["database"]["ok"] and snapshot["redis"]["ok"]:
         # Either could fail between the snapshot and this: the family is then
         # absent from this scrape, as those of a part that could not be read.
         with contextlib.suppress(Exception):
-            families.append(_sent_total(queue, now))
+            families.append(_sent_total(queue))
     return families + _redis_families(snapshot["redis"], snapshot["agreement"])
 
 
-def _sent_total(queue: RedisQueue | None, now: datetime) -> Family:
+def _sent_total(queue: RedisQueue | None) -> Family:
     return _one(
         "outbox_sent_total",
         "counter",
         "Deliveries sent, ever: the database's count, kept up to date from a checkpoint in "
         "Redis (outbox/counters.py); rows purged later stay counted. Absent while Redis "
         "or the database cannot be read.",
-        counters.sent_total(queue or RedisQueue(), now),
+        counters.sent_total(queue or RedisQueue()),
     )
 
 
