@@ -23,6 +23,8 @@ and scripts stay legal on Redis Cluster:
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
 ``{p}:reconcile-asked``        sorted set: abandoned rows the reconcilers could not
                                settle, score = when asked (see ``reconcile.py``)
+``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
+                               (``counters.py``; never written by a worker)
 
 The rules every script keeps:
 
@@ -136,6 +138,7 @@ class RedisQueue:
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
         self.reconcile_key = f"{tag}:reconcile-asked"
+        self.sent_total_key = f"{tag}:sent-total"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
 

@@ -65,6 +65,7 @@ class Sizes:
     scale_history: tuple[int, int] = (10_000, 1_000_000)
     scale_drain: int = 5_000
     scale_concurrency: int = 16
+    dashboard_rows: int = 1_000_000
 
 
 QUICK = Sizes(
@@ -75,6 +76,7 @@ QUICK = Sizes(
     counts=300,
     scale_history=(10_000, 100_000),
     scale_drain=500,
+    dashboard_rows=200_000,
 )
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmark.common import Row
+from tests.benchmark.dashboard_report import dashboard_section
 from tests.benchmark.targets import evaluate_targets
 
 
@@ -167,6 +168,7 @@ def build_report(
         md += counts_section(db, data["extra"].get("counts"))
         md += scale_section(db, data["extra"].get("scale"))
         md += profile_section(db, data["extra"].get("profile"))
+        md += dashboard_section(db, data["extra"].get("dashboard"))
     return "\n".join(md) + "\n", targets
 
 

@@ -136,6 +136,7 @@ def parameters(
         "per-email count drain": sizes.counts,
         "scale history rows": " vs ".join(f"{s:,}" for s in sizes.scale_history),
         "scale drain": f"{sizes.scale_drain} emails, outbox_worker --concurrency {sizes.scale_concurrency}",
+        "dashboard rows": f"{sizes.dashboard_rows:,}",
         "OUTBOX settings": "defaults (CLAIM_BATCH 10) + EMAIL_BACKEND",
         "Django DATABASES": "defaults (CONN_MAX_AGE 0, prepare_threshold None); rows marked "
         f"'{PREPARED}' set OPTIONS prepare_threshold=5 (PostgreSQL)",
@@ -158,6 +159,9 @@ def print_console(report: str, children: dict[str, dict[str, Any]], target_file:
     end = report.index("## Our worker") if "## Our worker" in report else len(report)
     print()
     print(report[start:end])
+    if "## The dashboard at" in report:
+        dash = report[report.index("## The dashboard at") :]
+        print(dash[: dash.index("### Plans")])
     for db, data in children.items():
         counts = data["extra"].get("counts")
         if counts:
@@ -183,7 +187,9 @@ def main() -> None:
         "--sqlite-repeat", type=int, default=None, help="runs per measurement on SQLite"
     )
     parser.add_argument(
-        "--only", default="", help="comma list of parts: enqueue,noop,smtp,counts,profile,scale"
+        "--only",
+        default="",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from tests.benchmark.common import Row
+from tests.benchmark.dashboard_report import dashboard_targets
 from tests.benchmark.system_outbox import DOCUMENTED
 
 Target = tuple[str, str, str]  # target, measured, verdict
@@ -67,6 +68,7 @@ def evaluate_targets(
         *enqueue_targets(rows, previous),
         *counts_targets(children),
         *scale_target(rows, children),
+        *dashboard_targets(children),
     ]
 
 
