@@ -1,4 +1,9 @@
-"""The Prometheus metrics at ``/outbox/metrics``: access, each family on known data, the cost of a scrape."""
+"""The Prometheus metrics at ``/outbox/metrics``: access, each family on known data, the cost of a scrape.
+
+Every scrape is read twice: by a strict reader here (HELP and TYPE once per
+family, before its samples) and by ``prometheus_client``'s text parser, which
+must find the same samples.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +16,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
+from prometheus_client.parser import text_string_to_metric_families
 
 from outbox import enqueue_email
 from outbox.checks import check_metrics_token
@@ -58,7 +64,23 @@ def parse(text: str) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
             name, _label, label_value, value = match.groups()
             assert name in types, f"sample before TYPE: {line}"
             values[name][label_value or ""] = float(value)
+    assert _official(text) == _comparable(values)
     return values, types
+
+
+def _official(text: str) -> dict[str, dict[str, str]]:
+    """The samples as prometheus_client's own text parser reads them."""
+    samples: dict[str, dict[str, str]] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            label = next(iter(sample.labels.values()), "")
+            samples.setdefault(sample.name, {})[label] = repr(float(sample.value))
+    return samples
+
+
+def _comparable(values: dict[str, dict[str, float]]) -> dict[str, dict[str, str]]:
+    # repr() so that NaN equals NaN; a family without samples has no entry there.
+    return {name: {k: repr(v) for k, v in found.items()} for name, found in values.items() if found}
 
 
 def metrics(client) -> dict[str, dict[str, float]]:
