@@ -55,6 +55,9 @@ DEFAULTS: dict[str, Any] = {
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
+    # Templates, bulk mail, expiry and suppression (issue 14).
+    # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
+    "SUPPRESS_ON_REFUSAL": True,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -142,6 +145,12 @@ class OutboxSettings:
         # An empty string counts as "not set": it must never match a bare "Bearer".
         value = self._get("METRICS_TOKEN")
         return str(value) if value else None
+
+    # -- templates, bulk mail, expiry and suppression ------------------------------
+
+    @property
+    def SUPPRESS_ON_REFUSAL(self) -> bool:
+        return bool(self._get("SUPPRESS_ON_REFUSAL"))
 
 
 outbox_settings = OutboxSettings()

@@ -84,6 +84,7 @@ class SweepReport:
     promoted: int = 0
     reaped: int = 0  # dead workers cleaned up
     purged: int = 0
+    expired: int = 0  # queued rows past their expires_at, cancelled
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
     errors: list[str] = field(default_factory=list)
@@ -99,6 +100,8 @@ class SweepReport:
         )
         if self.purged:
             text += f", purged {self.purged}"
+        if self.expired:
+            text += f", expired {self.expired}"
         text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
         text += f"{self.seconds:.2f}s)"
         if self.errors:
@@ -144,6 +147,7 @@ class Sweeper:
         try:
             self._reap_dead_workers(report)
             self._settle_stuck_rows(report)
+            self._cancel_expired(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
             if purge_sent_older_than is not None:
@@ -280,6 +284,40 @@ class Sweeper:
                     len(result.changed),
                     result.changed[:20],
                 )
+
+    # -- 2b. expired rows ------------------------------------------------------------
+
+    def _cancel_expired(self, report: SweepReport) -> None:
+        """Cancel queued rows past their ``expires_at``: at most BATCH per pass.
+
+        One conditional UPDATE (still queued, still expired) with an Attempt
+        row each; a worker that claims such a row meanwhile finds it expired
+        in its own claim UPDATE, so either way it is never sent. Their ids
+        left in Redis are dropped by the claim that finds them not queued.
+        """
+        now = from_timestamp(self.queue.time())
+        expired = Q(expires_at__lte=now)
+        ids = list(
+            Delivery.objects.queued()
+            .filter(expired)
+            .order_by("expires_at")
+            .values_list("pk", flat=True)[:BATCH]
+        )
+        if not ids:
+            return
+        error = f"expired: not sent before its expires_at; cancelled by the {ACTOR}"
+        result = operations.transition(
+            ids,
+            allowed=[Status.QUEUED],
+            to=Status.CANCELLED,
+            outcome=Outcome.CANCELLED,
+            actor=ACTOR,
+            now=now,
+            error=error,
+            condition=expired,
+            updates={"last_error": error},
+        )
+        report.expired += len(result.changed)
 
     # -- 3. the Redis mirror --------------------------------------------------------
 
