@@ -157,8 +157,8 @@ def enqueue_template(
 def prepare_email(
     subject: Any,
     message: Any,
-    from_email: Any,
-    recipient_list: Any,
+    from_email: Any = None,
+    recipient_list: Any = (),
     *,
     html_message: Any = None,
     reply_to: Any = None,
@@ -191,16 +191,20 @@ def prepare_email(
 def prepare_template(
     cache: TemplateCache,
     name: Any,
-    context: Any,
-    from_email: Any,
-    recipient_list: Any,
+    context: Any = None,
+    from_email: Any = None,
+    recipient_list: Any = (),
     *,
     language: Any = None,
     **options: Any,
 ) -> Prepared:
-    """Render and validate :func:`enqueue_template`'s arguments; write nothing."""
+    """Render and validate :func:`enqueue_template`'s arguments; write nothing.
+
+    The defaults (no context, ``DEFAULT_FROM_EMAIL``) serve ``enqueue_many``'s
+    items, which may leave those keys out.
+    """
     compiled = cache.get(name, language)
-    subject, text, html = render(compiled, context)
+    subject, text, html = render(compiled, {} if context is None else context)
     return prepare_email(subject, text, from_email, recipient_list, html_message=html, **options)
 
 
@@ -231,13 +235,15 @@ def _write(p: Prepared) -> list[Delivery]:
     now = timezone.now()
     not_before = p.send_at or now
     domain = _message_id_domain(p.from_email)
-    stopped = suppressed(using, [bare_address(r) for r in p.recipients])
     if (
         p.idempotency_key is None
         and not p.attachments
         and connections[using].vendor == "postgresql"
     ):
-        return _write_postgresql(p, using, now, not_before, domain, stopped)
+        return _write_postgresql(p, using, now, not_before, domain)
+    # One indexed query for every recipient of the call (on the PostgreSQL
+    # path above it is part of the INSERT statement).
+    stopped = suppressed(using, [bare_address(r) for r in p.recipients])
     with transaction.atomic(using=using):
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
@@ -297,7 +303,6 @@ def _write_postgresql(
     now: datetime,
     not_before: datetime,
     domain: str,
-    stopped: dict[str, str],
 ) -> list[Delivery]:
     """The common case (no idempotency key, no attachments) as one INSERT statement.
 
@@ -307,9 +312,9 @@ def _write_postgresql(
     """
     message_ids = [make_message_id(domain) for _ in p.recipients]
     email = _email(p, now)
-    why = [stopped.get(bare_address(r), "") for r in p.recipients]
+    bare = [bare_address(r) for r in p.recipients]
     created = insert_postgresql(
-        p, email, message_ids, why, using=using, now=now, not_before=not_before
+        p, email, message_ids, bare, using=using, now=now, not_before=not_before
     )
     entries = queue_entries(created, not_before)
     transaction.on_commit(partial(_after_commit, email, created, entries), using=using)

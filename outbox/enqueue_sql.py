@@ -15,13 +15,16 @@ from typing import Any, NamedTuple
 from django.db import connections
 
 from .db import binding_cursor
-from .models import Delivery, Email
+from .models import Delivery, Email, Suppression
 from .prepare import Prepared
 
 # The email and all its deliveries in one statement (PostgreSQL): the
-# recipients travel as two arrays instead of a VALUES row each, which is what
+# recipients travel as arrays instead of a VALUES row each, which is what
 # makes a 10,000-recipient call cheap. The deliveries' RETURNING is matched
-# back by Message-ID, which is unique, so no row order is assumed.
+# back by Message-ID, which is unique, so no row order is assumed. The
+# suppression list is looked up in the same statement (its unique index on
+# ``address``): a suppressed recipient's row is written cancelled, with the
+# same last_error as ``outbox.suppression.suppressed`` gives elsewhere.
 _INSERT_SQL_POSTGRESQL = """
 WITH email AS (
     INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers,
@@ -33,12 +36,17 @@ WITH email AS (
 INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
     not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
 SELECT email.id, r.recipient,
-    CASE WHEN r.why = '' THEN %(queued)s ELSE %(cancelled)s END,
+    CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
     %(priority)s, 0, %(max_attempts)s,
-    %(not_before)s, %(expires_at)s, '', r.message_id, r.why, %(now)s, %(now)s
-FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(why)s::text[])
-    AS r(recipient, message_id, why)
-RETURNING id, email_id, message_id
+    %(not_before)s, %(expires_at)s, '', r.message_id,
+    CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+        || ' is on the suppression list (' || s.source || ')'
+        || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+    %(now)s, %(now)s
+FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
+    AS r(recipient, message_id, bare)
+LEFT JOIN {suppression} s ON s.address = r.bare
+RETURNING id, email_id, message_id, last_error
 """
 
 
@@ -46,7 +54,7 @@ def insert_postgresql(
     p: Prepared,
     email: Email,
     message_ids: Sequence[str],
-    why: Sequence[str],
+    bare: Sequence[str],
     *,
     using: str,
     now: datetime,
@@ -54,8 +62,8 @@ def insert_postgresql(
 ) -> list[Delivery]:
     """Insert ``email`` (unsaved) and one delivery per recipient; return the deliveries.
 
-    ``message_ids`` and ``why`` (why a suppressed recipient's row is written
-    cancelled, else "") pair with ``p.recipients``. ``email`` becomes the saved
+    ``message_ids`` and ``bare`` (the lower-cased addresses the suppression
+    list is matched on) pair with ``p.recipients``. ``email`` becomes the saved
     row (its ``pk`` set) and is cached on every delivery returned.
     """
     connection = connections[using]
@@ -63,7 +71,9 @@ def insert_postgresql(
     with binding_cursor(connection) as cursor:
         cursor.execute(
             _INSERT_SQL_POSTGRESQL.format(
-                email=quote(Email._meta.db_table), delivery=quote(Delivery._meta.db_table)
+                email=quote(Email._meta.db_table),
+                delivery=quote(Delivery._meta.db_table),
+                suppression=quote(Suppression._meta.db_table),
             ),
             {
                 "subject": p.subject,
@@ -76,7 +86,7 @@ def insert_postgresql(
                 "queued": Delivery.Status.QUEUED,
                 "cancelled": Delivery.Status.CANCELLED,
                 "expires_at": p.expires_at,
-                "why": list(why),
+                "bare": list(bare),
                 "priority": p.priority,
                 "max_attempts": p.max_attempts,
                 "not_before": not_before,
@@ -89,7 +99,9 @@ def insert_postgresql(
     email.pk = email_id
     email._state.adding = False
     email._state.db = using
-    ids = {message_id: pk for pk, _email, message_id in returned}
+    ids = {message_id: pk for pk, _email, message_id, _why in returned}
+    reasons = {message_id: why for _pk, _email, message_id, why in returned}
+    why = [reasons[m] for m in message_ids]
     return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
 
 

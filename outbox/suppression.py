@@ -82,8 +82,9 @@ def suppressed(using: str, addresses: Sequence[str]) -> dict[str, str]:
 
 
 def _why(address: str, reason: str, source: str) -> str:
+    # The same text as the PostgreSQL INSERT of outbox.enqueue_sql writes.
     text = f"suppressed: {address} is on the suppression list ({source})"
-    return f"{text}: {reason}"[:2000] if reason else text
+    return (f"{text}: {reason}" if reason else text)[:2000]
 
 
 def refused_recipients(exc: BaseException) -> list[str]:
