@@ -224,7 +224,8 @@ class SenderLoop:
             claimed = sql.ClaimedRow(owned, None, False)
         if claimed.expired:
             # The claim UPDATE found it past its expires_at and cancelled it.
-            self.worker.stats.add("expired")
+            logger.info("delivery %s expired before it was sent; cancelled", item.id)
+            self.worker.stats.add("skipped")
             return None
         delivery = claimed.delivery
         if claimed.email is not None:
