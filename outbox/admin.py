@@ -391,3 +391,6 @@ class EmailAdmin(admin.ModelAdmin):
 
 # The dashboard at /admin/outbox/dashboard/, linked from the outbox section of the app list.
 dashboard.install(admin.site)
+
+# Templates and the suppression list.
+from . import admin_content  # noqa: E402, F401

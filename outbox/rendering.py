@@ -153,21 +153,7 @@ class TemplateCache:
         row = next((found[w] for w in wanted if w in found), None)
         if row is None:
             return None
-        label = f"{name} [{row.language}]" if row.language else name
-        if not row.subject.strip():
-            raise template_error(label, "subject", _("the subject is empty."))
-        if not row.text and not row.html:
-            raise template_error(label, "text", _("the template has neither text nor HTML."))
-        parts = {
-            field: compile_source(label, field, getattr(row, field))
-            if getattr(row, field)
-            else None
-            for _file, field in PARTS
-        }
-        subject = parts["subject"]
-        assert subject is not None
-        origin = f"database row {row.pk}"
-        return CompiledTemplate(name, lang, origin, subject, parts["text"], parts["html"])
+        return compile_row(row, lang)
 
     def _files(self, name: str, lang: str) -> CompiledTemplate:
         engine = _engine()
@@ -192,6 +178,24 @@ class TemplateCache:
                 name, "body", _("neither %(name)s/body.txt nor body.html exists.") % {"name": name}
             )
         return CompiledTemplate(name, lang, "files", subject, parts["text"], parts["html"])
+
+
+def compile_row(row: EmailTemplate, language: str | None = None) -> CompiledTemplate:
+    """Compile an :class:`EmailTemplate` row, to render in ``language`` (default: its own)."""
+    label = str(row)
+    if not row.subject.strip():
+        raise template_error(label, "subject", _("the subject is empty."))
+    if not row.text and not row.html:
+        raise template_error(label, "text", _("the template has neither text nor HTML."))
+    parts = {
+        field: compile_source(label, field, getattr(row, field)) if getattr(row, field) else None
+        for _file, field in PARTS
+    }
+    subject = parts["subject"]
+    assert subject is not None
+    lang = language or row.language or settings.LANGUAGE_CODE
+    origin = f"database row {row.pk}"
+    return CompiledTemplate(row.name, lang, origin, subject, parts["text"], parts["html"])
 
 
 def render(template: CompiledTemplate, context: Mapping[str, Any]) -> tuple[str, str, str | None]:
