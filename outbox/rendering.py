@@ -26,6 +26,7 @@ of recipients.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -202,15 +203,22 @@ def render(template: CompiledTemplate, context: Mapping[str, Any]) -> tuple[str,
     """``(subject, text, html or None)`` for one recipient's context."""
     if not isinstance(context, Mapping):
         raise TypeError(f"context must be a dict, not {type(context).__name__}")
-    with translation.override(template.language):
-        subject = _render(template, "subject", template.subject, context, autoescape=False)
+    # One Context for the three parts (a copy: tags like {% url ... as x %}
+    # write into it), its autoescape switched per part.
+    shared = Context(dict(context), autoescape=False)
+    # Activating a language costs more than some renders: skip it when that
+    # language is already the active one (10,000 renders in one call).
+    language = template.language
+    active = translation.get_language() == language
+    with contextlib.nullcontext() if active else translation.override(language):
+        subject = _render(template, "subject", template.subject, shared, autoescape=False)
         text = (
-            _render(template, "text", template.text, context, autoescape=False)
+            _render(template, "text", template.text, shared, autoescape=False)
             if template.text is not None
             else ""
         )
         html = (
-            _render(template, "html", template.html, context, autoescape=True)
+            _render(template, "html", template.html, shared, autoescape=True)
             if template.html is not None
             else None
         )
@@ -218,15 +226,11 @@ def render(template: CompiledTemplate, context: Mapping[str, Any]) -> tuple[str,
 
 
 def _render(
-    template: CompiledTemplate,
-    part: str,
-    compiled: Template,
-    context: Mapping[str, Any],
-    *,
-    autoescape: bool,
+    template: CompiledTemplate, part: str, compiled: Template, context: Context, *, autoescape: bool
 ) -> str:
+    context.autoescape = autoescape
     try:
-        return compiled.render(Context(dict(context), autoescape=autoescape))
+        return compiled.render(context)
     except Exception as exc:
         label = f"{template.name} [{template.language}] ({template.origin})"
         raise template_error(label, part, _describe(exc)) from exc

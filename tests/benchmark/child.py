@@ -22,6 +22,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tests.benchmark.bulk import BulkMixin
 from tests.benchmark.common import (
     BENCH,
     PREPARED,
@@ -54,7 +55,7 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin):
+class Child(ScaleMixin, BulkMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -92,6 +93,8 @@ class Child(ScaleMixin):
             self.bench_profile()
         if self.want("scale") and self.vendor == "postgresql":
             self.bench_scale()
+        if self.want("bulk") and self.vendor == "postgresql":
+            self.bench_bulk()
 
     # -- helpers ------------------------------------------------------------
 

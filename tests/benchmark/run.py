@@ -134,6 +134,7 @@ def parameters(
         "SMTP drain emails": sizes.drain_smtp,
         "smtp_delay": sizes.smtp_delay,
         "per-email count drain": sizes.counts,
+        "bulk template emails (enqueue_many)": sizes.bulk_templates,
         "scale history rows": " vs ".join(f"{s:,}" for s in sizes.scale_history),
         "scale drain": f"{sizes.scale_drain} emails, outbox_worker --concurrency {sizes.scale_concurrency}",
         "OUTBOX settings": "defaults (CLAIM_BATCH 10) + EMAIL_BACKEND",
@@ -183,7 +184,9 @@ def main() -> None:
         "--sqlite-repeat", type=int, default=None, help="runs per measurement on SQLite"
     )
     parser.add_argument(
-        "--only", default="", help="comma list of parts: enqueue,noop,smtp,counts,profile,scale"
+        "--only",
+        default="",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,bulk",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
