@@ -233,6 +233,10 @@ class Attempt(models.Model):
         MARKED_SENT = "marked_sent", _("marked sent by operator")
         MARKED_FAILED = "marked_failed", _("marked failed by operator")
         CANCELLED = "cancelled", _("cancelled")
+        # Reported later by an ESP (django-anymail's tracking, outbox.esp_events).
+        BOUNCED = "bounced", _("bounced (reported by the ESP)")
+        REJECTED = "rejected", _("rejected (reported by the ESP)")
+        COMPLAINED = "complained", _("spam complaint (reported by the ESP)")
 
     delivery = models.ForeignKey(
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", verbose_name=_("delivery")

@@ -42,6 +42,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "outbox",
+    # The ESP event hook (tests/test_esp_events.py) is fed by anymail's own webhook view.
+    "anymail",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -161,4 +163,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
+}
+
+# anymail's Mailgun tracking webhook (tests/test_esp_events.py): the requests
+# are signed with this key and carry this basic-auth secret, as Mailgun's would.
+ANYMAIL = {
+    "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",
+    "WEBHOOK_SECRET": "tests:only-webhook-secret",
 }
