@@ -134,7 +134,7 @@ class DeliveryAdmin(admin.ModelAdmin):
             {
                 "fields": (
                     ("attempts", "max_attempts"),
-                    "not_before",
+                    ("not_before", "expires_at"),
                     "worker_id",
                     "claim_token",
                     "processing_started_at",
