@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.core.mail import EmailMessage, get_connection
+from django.core.mail import EmailMessage
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from outbox import enqueue_email, enqueue_many, enqueue_template, suppress, unsuppress
+from outbox.backends import OutboxBackend
 from outbox.models import Delivery, EmailTemplate, Suppression
 from outbox.worker import Worker
 from tests.servers import SMTPRecorder
@@ -61,7 +62,7 @@ def test_suppression_also_holds_for_templates_bulk_idempotent_calls_and_the_back
     via_template = enqueue_template("t", {}, None, ["x@example.com"])
     via_key = enqueue_email("s", "b", None, ["x@example.com"], idempotency_key="k1")
     [via_bulk] = enqueue_many([{"template": "t", "recipient_list": ["x@example.com"]}])
-    backend = get_connection("outbox.backends.OutboxBackend")
+    backend = OutboxBackend()
     assert backend.send_messages([EmailMessage("s", "b", None, ["x@example.com"])]) == 1
     rows = [*via_template, *via_key, *via_bulk]
     assert {d.status for d in rows} == {Status.CANCELLED}
