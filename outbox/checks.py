@@ -23,6 +23,8 @@ outbox.E017 ``PostfixLogReconciler`` is listed but ``OUTBOX["POSTFIX_LOG"]`` is 
 outbox.W007 ``OUTBOX["POSTFIX_LOG"]`` cannot be read on this host
 outbox.E018 the outbox's cache uses ``ClusterClient`` with a LOCATION a cluster cannot have
 outbox.E019 the outbox's cache uses django-redis' ``SentinelClient`` without sentinels
+outbox.E020 ``OUTBOX["SUPPRESS_ON_REFUSAL"]`` is not a bool
+outbox.W009 no ``DjangoTemplates`` engine: ``enqueue_template`` cannot find templates
 ========== ==============================================================
 """
 
@@ -63,6 +65,7 @@ def check_outbox_settings(
     errors += _check_key_prefix()
     errors += _check_delivery_target()
     errors += _check_topology_and_reconcilers(raw)
+    errors += _check_content(raw)
     return errors
 
 
@@ -258,3 +261,31 @@ def check_metrics_token(
             id="outbox.W004",
         )
     ]
+
+
+# -- templates, bulk mail, expiry and suppression (issue 14) ---------------------------
+
+
+def _check_content(raw: dict[str, Any]) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    value = raw.get("SUPPRESS_ON_REFUSAL", DEFAULTS["SUPPRESS_ON_REFUSAL"])
+    if not isinstance(value, bool):
+        errors.append(
+            Error(
+                f"OUTBOX['SUPPRESS_ON_REFUSAL'] is {value!r}; it must be True or False.",
+                hint="True (the default) adds a recipient the mail server refused for good "
+                "(5xx at RCPT) to the suppression list.",
+                id="outbox.E020",
+            )
+        )
+    backends = [t.get("BACKEND") for t in getattr(settings, "TEMPLATES", [])]
+    if "django.template.backends.django.DjangoTemplates" not in backends:
+        errors.append(
+            Warning(
+                "No DjangoTemplates engine in settings.TEMPLATES: enqueue_template() and "
+                "enqueue_many() with a template cannot render template files or rows.",
+                hint="Add a DjangoTemplates engine (APP_DIRS=True finds <app>/templates/).",
+                id="outbox.W009",
+            )
+        )
+    return errors

@@ -56,7 +56,7 @@ DEFAULTS: dict[str, Any] = {
     # function the migrations create (its plans are cached per connection, a
     # saving as large as prepared statements', without needing them). False:
     # the same statement as plain SQL, for databases where functions may not be
-    # created (fake-apply migration 0004 then).
+    # created (fake-apply migration 0005 then).
     "POSTGRESQL_FUNCTIONS": True,
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
@@ -73,6 +73,9 @@ DEFAULTS: dict[str, Any] = {
     "RECONCILE_MAX_AGE": 7 * 86400.0,
     # Postfix's mail log, for outbox.reconcilers.PostfixLogReconciler.
     "POSTFIX_LOG": None,
+    # Templates, bulk mail, expiry and suppression (issue 14).
+    # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
+    "SUPPRESS_ON_REFUSAL": True,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -187,6 +190,12 @@ class OutboxSettings:
     def POSTFIX_LOG(self) -> str | None:
         value = self._get("POSTFIX_LOG")
         return str(value) if value else None
+
+    # -- templates, bulk mail, expiry and suppression ------------------------------
+
+    @property
+    def SUPPRESS_ON_REFUSAL(self) -> bool:
+        return bool(self._get("SUPPRESS_ON_REFUSAL"))
 
 
 outbox_settings = OutboxSettings()

@@ -38,12 +38,13 @@ STEP_V1 = """
 CREATE OR REPLACE FUNCTION outbox_step(
     p_settle_id bigint, p_settle_token uuid,
     p_claim_id bigint, p_worker varchar, p_token uuid,
-    p_now timestamptz, p_known bigint,
+    p_now timestamptz, p_known bigint, p_expired_error text,
     OUT settled integer,
     OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
     OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
     OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
-    OUT reply_to jsonb, OUT headers jsonb, OUT has_attachments boolean
+    OUT reply_to jsonb, OUT headers jsonb, OUT has_attachments boolean,
+    OUT claimed_status varchar
 ) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 BEGIN
@@ -58,13 +59,19 @@ BEGIN
     IF p_claim_id IS NULL THEN
         RETURN;
     END IF;
+    -- A row past its expires_at is claimed into 'cancelled' instead, without
+    -- counting an attempt; the caller drops it unsent.
     UPDATE outbox_delivery AS d
-    SET status = 'processing', worker_id = p_worker, claim_token = p_token,
-        processing_started_at = p_now, updated_at = p_now, attempts = d.attempts + 1
+    SET status = CASE WHEN d.expires_at <= now() THEN 'cancelled' ELSE 'processing' END,
+        last_error = CASE WHEN d.expires_at <= now() THEN p_expired_error ELSE d.last_error END,
+        worker_id = p_worker, claim_token = p_token,
+        processing_started_at = p_now, updated_at = p_now,
+        attempts = d.attempts + CASE WHEN d.expires_at <= now() THEN 0 ELSE 1 END
     WHERE d.id = p_claim_id AND (d.status = 'queued') IS TRUE AND d.not_before <= now()
-    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id
-    INTO email_id, recipient, priority, attempts, max_attempts, message_id;
-    IF NOT FOUND OR email_id = p_known THEN
+    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id,
+        d.status
+    INTO email_id, recipient, priority, attempts, max_attempts, message_id, claimed_status;
+    IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
         RETURN;
     END IF;
     SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
@@ -76,7 +83,8 @@ $$
 """
 
 DROP_STEP = (
-    "DROP FUNCTION IF EXISTS outbox_step(bigint, uuid, bigint, varchar, uuid, timestamptz, bigint)"
+    "DROP FUNCTION IF EXISTS outbox_step("
+    "bigint, uuid, bigint, varchar, uuid, timestamptz, bigint, text)"
 )
 
 

@@ -89,6 +89,7 @@ class SweepReport:
     purged: int = 0
     reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
     reconciled_requeued: int = 0  # ... and requeued as never sent
+    expired: int = 0  # queued rows past their expires_at, cancelled
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
     errors: list[str] = field(default_factory=list)
@@ -109,6 +110,8 @@ class SweepReport:
                 f", settled by reconcilers: {self.reconciled_sent} sent, "
                 f"{self.reconciled_requeued} requeued"
             )
+        if self.expired:
+            text += f", expired {self.expired}"
         text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
         text += f"{self.seconds:.2f}s)"
         if self.errors:
@@ -154,6 +157,7 @@ class Sweeper:
         try:
             self._reap_dead_workers(report)
             self._settle_stuck_rows(report)
+            self._cancel_expired(report)
             self._reconcile(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
@@ -300,6 +304,40 @@ class Sweeper:
         report.reconciled_requeued += result.requeued
         report.errors += result.errors
         self._keep_lease()
+
+    # -- 2b. expired rows ------------------------------------------------------------
+
+    def _cancel_expired(self, report: SweepReport) -> None:
+        """Cancel queued rows past their ``expires_at``: at most BATCH per pass.
+
+        One conditional UPDATE (still queued, still expired) with an Attempt
+        row each; a worker that claims such a row meanwhile finds it expired
+        in its own claim UPDATE, so either way it is never sent. Their ids
+        left in Redis are dropped by the claim that finds them not queued.
+        """
+        now = from_timestamp(self.queue.time())
+        expired = Q(expires_at__lte=now)
+        ids = list(
+            Delivery.objects.queued()
+            .filter(expired)
+            .order_by("expires_at")
+            .values_list("pk", flat=True)[:BATCH]
+        )
+        if not ids:
+            return
+        error = f"expired: not sent before its expires_at; cancelled by the {ACTOR}"
+        result = operations.transition(
+            ids,
+            allowed=[Status.QUEUED],
+            to=Status.CANCELLED,
+            outcome=Outcome.CANCELLED,
+            actor=ACTOR,
+            now=now,
+            error=error,
+            condition=expired,
+            updates={"last_error": error},
+        )
+        report.expired += len(result.changed)
 
     # -- 3. the Redis mirror --------------------------------------------------------
 

@@ -43,6 +43,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "outbox",
+    # The ESP event hook (tests/test_esp_events.py) is fed by anymail's own webhook view.
+    "anymail",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -54,6 +56,8 @@ MIDDLEWARE = [
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Email templates of tests/test_templates.py (outbox_test/...).
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -165,4 +169,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
+}
+
+# anymail's Mailgun tracking webhook (tests/test_esp_events.py): the requests
+# are signed with this key and carry this basic-auth secret, as Mailgun's would.
+ANYMAIL = {
+    "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",
+    "WEBHOOK_SECRET": "tests:only-webhook-secret",
 }

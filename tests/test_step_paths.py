@@ -43,7 +43,9 @@ COLUMNS = (
 )
 
 
-def _row(state: str, *, due: bool = True, attachments: bool = False) -> Delivery:
+def _row(
+    state: str, *, due: bool = True, attachments: bool = False, expired: bool = False
+) -> Delivery:
     """A fresh delivery in ``state``, claimed with TOKEN when processing."""
     kwargs: dict[str, Any] = {}
     if attachments:
@@ -51,8 +53,12 @@ def _row(state: str, *, due: bool = True, attachments: bool = False) -> Delivery
     if not due:
         kwargs["send_at"] = timezone.now() + timedelta(days=1)
     (delivery,) = enqueue_email("s", "b", "from@example.com", ["to@example.com"], **kwargs)
+    extra: dict[str, Any] = {}
+    if expired:  # enqueue refuses a past expires_at; a row may still wait past it
+        extra["expires_at"] = BEFORE
     # The same updated_at on every row, so that an untouched row compares equal.
     Delivery.objects.filter(pk=delivery.pk).update(
+        **extra,
         status=state,
         claim_token=TOKEN if state == Status.PROCESSING else None,
         worker_id="w#old" if state == Status.PROCESSING else "",
@@ -74,6 +80,7 @@ def _outcome(result: tuple[int, sql.ClaimedRow | None]) -> tuple[Any, ...]:
         (d.recipient, d.priority, d.attempts, d.max_attempts, d.email_id is not None),
         content,
         claimed.has_attachments,
+        claimed.expired,
     )
 
 
@@ -98,6 +105,13 @@ CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
     ("claim a due row whose email is cached", _claim(Status.QUEUED), TOKEN, True),
     ("claim a due row with attachments", _claim(Status.QUEUED, attachments=True), TOKEN, False),
     ("claim a row not yet due", _claim(Status.QUEUED, due=False), TOKEN, False),
+    ("claim a due row past its expiry", _claim(Status.QUEUED, expired=True), TOKEN, False),
+    (
+        "settle one row and claim the next, expired",
+        lambda: (_row(Status.PROCESSING), _row(Status.QUEUED, expired=True)),
+        TOKEN,
+        False,
+    ),
     *[
         (f"claim a {state} row", _claim(state), TOKEN, False)
         for state in (
@@ -138,9 +152,9 @@ def _step(fast: bool, settle, claim_id, token, now, known):
     with transaction.atomic():
         settled = sql.mark_sent(settle[0], settle[1], now) if settle is not None else 0
         claimed = sql.claim_row(claim_id, "w#new", token, now) if claim_id else None
-    if claimed is not None and claimed.delivery.email_id != known:
+    if claimed is not None and not claimed.expired and claimed.delivery.email_id != known:
         email, attachments = sql.load_email(claimed.delivery.email_id)
-        claimed = sql.ClaimedRow(claimed.delivery, email, attachments)
+        claimed = sql.ClaimedRow(claimed.delivery, email, attachments, claimed.expired)
     return settled, claimed
 
 

@@ -230,6 +230,11 @@ class SenderLoop:
                 return None
             # Our earlier UPDATE committed; its reply was lost.
             claimed = sql.ClaimedRow(owned, None, False)
+        if claimed.expired:
+            # The claim UPDATE found it past its expires_at and cancelled it.
+            logger.info("delivery %s expired before it was sent; cancelled", item.id)
+            self.worker.stats.add("skipped")
+            return None
         delivery = claimed.delivery
         if claimed.email is not None:
             email, attachments = self._remember(claimed.email, claimed.has_attachments)

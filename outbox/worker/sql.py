@@ -53,12 +53,19 @@ WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
     AND claim_token = %(settle_token)s
 """
 
+# A row whose ``expires_at`` has passed is claimed into ``cancelled`` instead
+# of ``processing`` (the same one conditional UPDATE, by the same clock as the
+# due test), without counting an attempt; its status, last in RETURNING, tells
+# the loop to drop it unsent.
 _CLAIM_SQL = """
-UPDATE {delivery} SET status = %(processing)s, worker_id = %(worker)s,
+UPDATE {delivery} SET
+    status = CASE WHEN expires_at <= {db_now} THEN %(cancelled)s ELSE %(processing)s END,
+    last_error = CASE WHEN expires_at <= {db_now} THEN %(expired)s ELSE last_error END,
+    worker_id = %(worker)s,
     claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-    attempts = attempts + 1
+    attempts = attempts + CASE WHEN expires_at <= {db_now} THEN 0 ELSE 1 END
 WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= {db_now}
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
 """
 
 # PostgreSQL: the success of the previous message (if any), the claim of the
@@ -75,7 +82,8 @@ _STEP_SQL_POSTGRESQL = (
 SELECT (SELECT count(*) FROM settled),
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
     e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
-    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
+    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id),
+    c.status
 FROM (VALUES (1)) AS one
 LEFT JOIN claimed c ON true
 LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
@@ -88,7 +96,7 @@ LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
 # Same parameters, same row.
 _STEP_CALL_POSTGRESQL = """
 SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
-    %(now)s, %(known)s)
+    %(now)s, %(known)s, %(expired)s)
 """
 
 # SQLite: the claim returns the email's content too, as one JSON array built by
@@ -116,6 +124,11 @@ class ClaimedRow(NamedTuple):
     delivery: Delivery
     email: Email | None  # None: not read with the claim (cached, or SQLite)
     has_attachments: bool
+    expired: bool = False  # claimed into `cancelled`: drop it, never send it
+
+
+# The last_error of a row the claim found expired.
+EXPIRED_ERROR = "expired: not sent before its expires_at; cancelled at claim"
 
 
 def sql_text(template: str) -> str:
@@ -150,6 +163,8 @@ def _params(
         "sent": Status.SENT,
         "processing": Status.PROCESSING,
         "queued": Status.QUEUED,
+        "cancelled": Status.CANCELLED,
+        "expired": EXPIRED_ERROR,
         "now": connection.ops.adapt_datetimefield_value(now),
         "settle_id": settle_id,
         "settle_token": claim_token.get_db_prep_value(settle_token, connection),
@@ -206,7 +221,8 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
         row = cursor.fetchone()
     if row is None:
         return None
-    return ClaimedRow(_delivery(pk, worker_id, token, now, row), None, False)
+    expired = row[6] == Status.CANCELLED
+    return ClaimedRow(_delivery(pk, worker_id, token, now, row[:6]), None, False, expired)
 
 
 def step_postgresql(
@@ -245,8 +261,9 @@ def step_postgresql(
         return settled, None
     assert claim_id is not None  # a claimed row came back
     delivery = _delivery(claim_id, worker_id, token, now, row[1:7])
-    if row[7] is None:
-        return settled, ClaimedRow(delivery, None, False)
+    expired = row[14] == Status.CANCELLED
+    if row[7] is None or expired:
+        return settled, ClaimedRow(delivery, None, False, expired)
     return settled, ClaimedRow(delivery, _email_from(row[1], row[7:13]), bool(row[13]))
 
 
@@ -299,9 +316,10 @@ def step_sqlite(
         return settled, None
     assert claim_id is not None
     delivery = _delivery(claim_id, worker_id, token, now, row[:6])
-    if row[6] is None:
-        return settled, ClaimedRow(delivery, None, False)
-    content = json.loads(row[6])
+    expired = row[6] == Status.CANCELLED
+    if row[7] is None or expired:
+        return settled, ClaimedRow(delivery, None, False, expired)
+    content = json.loads(row[7])
     return settled, ClaimedRow(delivery, _email_from(row[0], content[:6]), bool(content[6]))
 
 

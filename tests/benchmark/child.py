@@ -23,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tests.benchmark.bulk import BulkMixin
 from tests.benchmark.common import (
     BENCH,
     PREPARED,
@@ -56,7 +57,7 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin, DashboardMixin):
+class Child(ScaleMixin, DashboardMixin, BulkMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -96,6 +97,8 @@ class Child(ScaleMixin, DashboardMixin):
             self.bench_scale()
         if self.want("dashboard") and self.vendor == "postgresql":
             self.bench_dashboard()
+        if self.want("bulk") and self.vendor == "postgresql":
+            self.bench_bulk()
 
     # -- helpers ------------------------------------------------------------
 

@@ -85,6 +85,7 @@ def results_table(rows: list[Row], params: dict[str, Any], previous: dict[Key, f
         "deliver-noop": "Delivery, no-op backend (dummy EmailBackend)",
         "deliver-smtp": f"Delivery to loopback SMTP, {params['smtp_delay'] * 1000:.0f} ms per message",
         "scale": "Scale: our delivery rate vs rows already in the Delivery table (PostgreSQL)",
+        "bulk": "Personalised template emails, one call (PostgreSQL)",
     }
     out: list[str] = []
     out.append(

@@ -134,6 +134,7 @@ def parameters(
         "SMTP drain emails": sizes.drain_smtp,
         "smtp_delay": sizes.smtp_delay,
         "per-email count drain": sizes.counts,
+        "bulk template emails (enqueue_many)": sizes.bulk_templates,
         "scale history rows": " vs ".join(f"{s:,}" for s in sizes.scale_history),
         "scale drain": f"{sizes.scale_drain} emails, outbox_worker --concurrency {sizes.scale_concurrency}",
         "dashboard rows": f"{sizes.dashboard_rows:,}",
@@ -189,7 +190,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

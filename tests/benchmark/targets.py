@@ -69,6 +69,7 @@ def evaluate_targets(
         *counts_targets(children),
         *scale_target(rows, children),
         *dashboard_targets(children),
+        *bulk_targets(rows),
     ]
 
 
@@ -214,6 +215,32 @@ def scale_target(rows: list[Row], children: dict[str, dict[str, Any]]) -> list[T
                 f"rate at {big.config.split(' rows')[0]} rows within 10% of {small.config.split(' rows')[0]}",
                 f"{big.rate:,.0f}/s vs {small.rate:,.0f}/s = {r:.2f}x; sweeper full pass {sweeps}",
                 verdict(r >= 0.9),
+            )
+        )
+    return out
+
+
+def bulk_targets(rows: list[Row]) -> list[Target]:
+    """Issue 14: 10,000 personalised template emails (PG) < 3 s and >= 3x post_office."""
+    ours = get(rows, "bulk", "outbox")
+    po = get(rows, "bulk", "post_office")
+    if not ours:
+        return []
+    r = ours[0]
+    out: list[Target] = [
+        (
+            "bulk: 10,000 template emails through enqueue_many (PG) < 3 s",
+            f"{r.n:,} in {r.median:.3f}s ({r.rate:,.0f}/s)",
+            verdict(r.median < 3.0 if r.n >= 10_000 else None),
+        )
+    ]
+    if po:
+        ratio = r.rate / po[0].rate
+        out.append(
+            (
+                "bulk (PG) >= 3x post_office send_many with a template",
+                f"{r.rate:,.0f}/s vs {po[0].rate:,.0f}/s = {ratio:.2f}x",
+                verdict(ratio >= 3.0),
             )
         )
     return out

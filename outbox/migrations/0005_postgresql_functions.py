@@ -7,7 +7,7 @@ from outbox.plpgsql import DROP_STEP, STEP_V1, run_on_postgresql
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("outbox", "0003_hot_path_indexes"),
+        ("outbox", "0004_content"),
     ]
 
     operations = [
