@@ -7,6 +7,7 @@ schedules the Redis push and the signal for after the commit.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -14,6 +15,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections
 
+from .conf import outbox_settings
 from .db import binding_cursor
 from .models import Delivery, Email, Suppression
 from .prepare import Prepared
@@ -50,6 +52,17 @@ RETURNING id, email_id, message_id, last_error
 """
 
 
+# The same insert through the PL/pgSQL function of outbox/plpgsql.py, whose
+# statements keep their plans per connection (Django's defaults re-plan every
+# statement sent). Same parameters, same rows returned.
+_INSERT_CALL_POSTGRESQL = """
+SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
+    %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
+    %(bare)s::text[])
+"""
+
+
 def insert_postgresql(
     p: Prepared,
     email: Email,
@@ -67,14 +80,13 @@ def insert_postgresql(
     row (its ``pk`` set) and is cached on every delivery returned.
     """
     connection = connections[using]
-    quote = connection.ops.quote_name
+    if outbox_settings.POSTGRESQL_FUNCTIONS:
+        statement = _INSERT_CALL_POSTGRESQL
+    else:
+        statement = _plain_insert_sql()
     with binding_cursor(connection) as cursor:
         cursor.execute(
-            _INSERT_SQL_POSTGRESQL.format(
-                email=quote(Email._meta.db_table),
-                delivery=quote(Delivery._meta.db_table),
-                suppression=quote(Suppression._meta.db_table),
-            ),
+            statement,
             {
                 "subject": p.subject,
                 "body": p.body,
@@ -103,6 +115,16 @@ def insert_postgresql(
     reasons = {message_id: why for _pk, _email, message_id, why in returned}
     why = [reasons[m] for m in message_ids]
     return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
+
+
+@functools.cache
+def _plain_insert_sql() -> str:
+    # Formatted once, not once per call; quoted as PostgreSQL quotes names.
+    return _INSERT_SQL_POSTGRESQL.format(
+        email=f'"{Email._meta.db_table}"',
+        delivery=f'"{Delivery._meta.db_table}"',
+        suppression=f'"{Suppression._meta.db_table}"',
+    )
 
 
 def _deliveries(

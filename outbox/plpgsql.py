@@ -15,7 +15,7 @@ key, with the status it must be in repeated in its WHERE clause. A function
 call in autocommit is one transaction, so the success of one email and the
 claim of the next still commit together or not at all.
 
-The status values are written out as literals: they are the values of
+The table names and the status values are written out as literals: they are the values of
 ``Delivery.Status``, stored in the rows, and changing one would need a data
 migration anyway.
 
@@ -29,7 +29,7 @@ from __future__ import annotations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
 
-# The worker's step: step 4 (success) of the message in hand, then step 2 (claim)
+# The worker's step (outbox/worker/sql.py): step 4 (success) of the message in hand, then step 2 (claim)
 # of the next one, then the next one's content unless the worker has it cached.
 # Either half may be skipped by passing NULL ids. The status tests are written
 # ``(status = ...) IS TRUE`` for the reason given next to the plain statements
@@ -85,6 +85,51 @@ $$
 DROP_STEP = (
     "DROP FUNCTION IF EXISTS outbox_step("
     "bigint, uuid, bigint, varchar, uuid, timestamptz, bigint, text)"
+)
+
+
+# enqueue_email's common case (no idempotency key, no attachments): the email
+# and one delivery per recipient, the suppression list looked up in the same
+# INSERT (a suppressed recipient's row is written cancelled, with the text
+# outbox.suppression.reason gives elsewhere). The recipients travel as arrays;
+# RETURNING is matched back by Message-ID, so no row order is assumed.
+ENQUEUE_V1 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipients text[], p_message_ids text[], p_bare text[]
+) RETURNS TABLE (id bigint, email_id bigint, message_id varchar, last_error text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_email bigint;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_now)
+    RETURNING e.id INTO new_email;
+    RETURN QUERY
+    INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
+        max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+        updated_at)
+    SELECT new_email, r.recipient,
+        CASE WHEN s.address IS NULL THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', r.message_id,
+        CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+        p_now, p_now
+    FROM unnest(p_recipients, p_message_ids, p_bare) AS r(recipient, message_id, bare)
+    LEFT JOIN outbox_suppression s ON s.address = r.bare
+    RETURNING d.id, d.email_id, d.message_id, d.last_error;
+END
+$$
+"""
+
+DROP_ENQUEUE = (
+    "DROP FUNCTION IF EXISTS outbox_enqueue(text, text, text, varchar, jsonb, jsonb, "
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[])"
 )
 
 

@@ -1,4 +1,4 @@
-"""The worker's fast step and its plain form agree on every transition.
+"""The hot paths' fast forms and their plain forms agree on every transition.
 
 The step is step 4 (success) of the message in hand plus step 2 (claim) of the
 next. On PostgreSQL the worker runs it through the PL/pgSQL function the
@@ -8,6 +8,10 @@ two statements on the DB-API connection; the plain form is Django's atomic()
 with the statements one by one. Each case puts two identical rows in the same
 state, steps one each way, and compares what came back and what the rows hold
 afterwards.
+
+``enqueue_email``'s insert on PostgreSQL is the PL/pgSQL function
+``outbox_enqueue`` by default and one plain statement otherwise: both must
+write the same rows, suppression list and all.
 """
 
 from __future__ import annotations
@@ -209,3 +213,68 @@ def test_the_fast_step_settles_and_claims_in_one_go(settings):
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_step'")
             assert cursor.fetchone()[0] == 1
+
+
+# -- enqueue_email's insert (PostgreSQL): the function and the plain statement ----------
+
+ENQUEUE_CASES = {
+    "one recipient": dict(recipient_list=["a@example.com"]),
+    "several, one suppressed with a reason, one without": dict(
+        recipient_list=["a@example.com", "Blocked@Example.com", "quiet@example.com", "c@x.org"]
+    ),
+    "scheduled, expiring, high priority, three attempts, reply-to and headers": dict(
+        recipient_list=["a@example.com", "b@example.com"],
+        send_at=BEFORE + timedelta(days=2),
+        expires_at=BEFORE + timedelta(days=3),
+        priority="high",
+        max_attempts=3,
+        reply_to=["r@example.com"],
+        headers={"X-Tag": "t"},
+        html_message="<p>b</p>",
+    ),
+}
+
+DELIVERY_COLUMNS = (
+    "recipient",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "not_before",
+    "expires_at",
+    "worker_id",
+    "last_error",
+    "claim_token",
+)
+EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kwargs", ENQUEUE_CASES.values(), ids=ENQUEUE_CASES.keys())
+def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
+    if connection.vendor != "postgresql":
+        pytest.skip("PL/pgSQL exists on PostgreSQL only; SQLite has one way to enqueue")
+    from outbox import suppress
+
+    suppress("blocked@example.com", "hard bounce")
+    suppress("quiet@example.com")
+    results = []
+    for functions in (True, False):
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
+        created = enqueue_email("s", "b", "from@example.com", **kwargs)
+        returned = [(d.recipient, d.status, d.last_error) for d in created]
+        rows = list(
+            Delivery.objects.filter(pk__in=[d.pk for d in created])
+            .order_by("pk")
+            .values_list(*DELIVERY_COLUMNS)
+        )
+        if "send_at" not in kwargs:  # not_before is the moment of the call: not comparable
+            rows = [(*row[:5], None, *row[6:]) for row in rows]
+        assert len({d.email_id for d in created}) == 1  # one Email per call
+        content = Delivery.objects.filter(pk=created[0].pk).values_list(
+            *(f"email__{c}" for c in EMAIL_COLUMNS)
+        )[0]
+        results.append((returned, rows, content))
+    by_function, by_plain = results
+    assert by_function == by_plain
+    assert len(by_function[1]) == len(kwargs["recipient_list"])
