@@ -67,7 +67,13 @@ CACHES = {
     }
 }
 
-OUTBOX = {"REDIS_CACHE": "default"}
+OUTBOX: dict[str, object] = {"REDIS_CACHE": "default"}
+
+# On a host whose mail goes through Postfix, the sweeper can settle abandoned
+# rows from Postfix's log: EXAMPLE_POSTFIX_LOG=/var/log/mail.log
+if os.environ.get("EXAMPLE_POSTFIX_LOG"):
+    OUTBOX["RECONCILERS"] = ["outbox.reconcilers.PostfixLogReconciler"]
+    OUTBOX["POSTFIX_LOG"] = os.environ["EXAMPLE_POSTFIX_LOG"]
 
 # The worker writes each delivered message to a file here, for you to read.
 EXAMPLE_MAIL_DIR = os.environ.get("EXAMPLE_MAIL_DIR", str(BASE_DIR / "sent_mail"))

@@ -1,7 +1,9 @@
 """django-email-outbox: transactional email through a durable outbox.
 
-``from outbox import enqueue_email`` is the public entry point; it is imported
-lazily so that importing the package does not load models before Django is set up.
+``from outbox import enqueue_email`` is the public entry point, with
+``enqueue_template``, ``enqueue_many``, ``suppress`` and ``unsuppress``; they
+are imported lazily so that importing the package does not load models before
+Django is set up.
 """
 
 from __future__ import annotations
@@ -9,15 +11,27 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
-__all__ = ["enqueue_email"]
+__all__ = ["enqueue_email", "enqueue_many", "enqueue_template", "suppress", "unsuppress"]
 
 if TYPE_CHECKING:
-    from .api import enqueue_email
+    from .api import enqueue_email, enqueue_template
+    from .bulk import enqueue_many
+    from .suppression import suppress, unsuppress
+
+# Public name -> the module that defines it.
+_HOMES = {
+    "enqueue_email": "api",
+    "enqueue_template": "api",
+    "enqueue_many": "bulk",
+    "suppress": "suppression",
+    "unsuppress": "suppression",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name == "enqueue_email":
-        from .api import enqueue_email
+    home = _HOMES.get(name)
+    if home is None:
+        raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    from importlib import import_module
 
-        return enqueue_email
-    raise AttributeError(f"module 'outbox' has no attribute {name!r}")
+    return getattr(import_module(f".{home}", __name__), name)

@@ -134,7 +134,7 @@ class DeliveryAdmin(admin.ModelAdmin):
             {
                 "fields": (
                     ("attempts", "max_attempts"),
-                    "not_before",
+                    ("not_before", "expires_at"),
                     "worker_id",
                     "claim_token",
                     "processing_started_at",
@@ -391,3 +391,6 @@ class EmailAdmin(admin.ModelAdmin):
 
 # The dashboard at /admin/outbox/dashboard/, linked from the outbox section of the app list.
 dashboard.install(admin.site)
+
+# Templates and the suppression list.
+from . import admin_content  # noqa: E402, F401

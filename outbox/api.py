@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import logging
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import partial
+from typing import Any
 
 from django.db import connections, router, transaction
 from django.utils import timezone
@@ -26,7 +27,7 @@ from django.utils import timezone
 from . import signals
 from .conf import outbox_settings
 from .enqueue_sql import insert_postgresql
-from .models import Attachment, Delivery, Email
+from .models import Attachment, Delivery, Email, EmailTemplate
 
 # Re-exported: the validation step's public names, where callers found them.
 from .prepare import MAX_ATTEMPTS_LIMIT as MAX_ATTEMPTS_LIMIT
@@ -34,6 +35,8 @@ from .prepare import UNDISCLOSED_RECIPIENTS as UNDISCLOSED_RECIPIENTS
 from .prepare import Prepared, prepare
 from .prepare import prepare_message as prepare_message
 from .queue import QueueEntry, RedisQueue
+from .rendering import TemplateCache, render
+from .suppression import bare_address, suppressed
 
 logger = logging.getLogger("outbox.enqueue")
 
@@ -59,6 +62,7 @@ def enqueue_email(
     priority: str = "normal",
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
+    expires_at: datetime | None = None,
 ) -> list[Delivery]:
     """Queue an email: one :class:`~outbox.models.Delivery` per distinct recipient.
 
@@ -75,11 +79,16 @@ def enqueue_email(
     key gets no new one: the existing delivery is returned instead, also when
     two calls race.
 
+    With ``expires_at`` (an aware datetime after now and after ``send_at``), a
+    delivery not sent by then is never sent: it ends ``cancelled``. A
+    recipient on the suppression list (:mod:`outbox.suppression`) gets a
+    delivery that is ``cancelled`` at once and never pushed.
+
     Raises :class:`~django.core.exceptions.ValidationError` naming the field for
     bad input (and :class:`TypeError` for a value of the wrong type) before
     anything is written.
     """
-    prepared = prepare(
+    prepared = prepare_email(
         subject,
         message,
         from_email,
@@ -92,8 +101,111 @@ def enqueue_email(
         priority=priority,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
+        expires_at=expires_at,
     )
     return _write(prepared)
+
+
+def enqueue_template(
+    name: str,
+    context: Mapping[str, Any],
+    from_email: str | None,
+    recipient_list: Sequence[str],
+    *,
+    language: str | None = None,
+    reply_to: Sequence[str] | None = None,
+    headers: dict[str, str] | None = None,
+    attachments: Sequence[tuple[str, bytes | str, str | None]] | None = None,
+    send_at: datetime | None = None,
+    priority: str = "normal",
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    expires_at: datetime | None = None,
+) -> list[Delivery]:
+    """Render the template ``name`` with ``context`` and queue the result.
+
+    The template is looked up for ``language`` (default
+    ``settings.LANGUAGE_CODE``) in the database, then in template files; see
+    :mod:`outbox.rendering` for the order and the rendering rules. Every
+    recipient gets the same rendered email (for one context per recipient, use
+    :func:`outbox.enqueue_many`). The other arguments, the return value and
+    the transactional behaviour are those of :func:`enqueue_email`.
+
+    Raises :class:`~django.core.exceptions.ValidationError` naming the
+    template and the part when it is missing, does not compile or fails to
+    render, and nothing is written.
+    """
+    prepared = prepare_template(
+        TemplateCache(router.db_for_read(EmailTemplate)),
+        name,
+        context,
+        from_email,
+        recipient_list,
+        language=language,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+    )
+    return _write(prepared)
+
+
+def prepare_email(
+    subject: Any,
+    message: Any,
+    from_email: Any = None,
+    recipient_list: Any = (),
+    *,
+    html_message: Any = None,
+    reply_to: Any = None,
+    headers: Any = None,
+    attachments: Any = None,
+    send_at: Any = None,
+    priority: Any = "normal",
+    idempotency_key: Any = None,
+    max_attempts: Any = None,
+    expires_at: Any = None,
+) -> Prepared:
+    """Validate :func:`enqueue_email`'s arguments (with its defaults); write nothing."""
+    return prepare(
+        subject,
+        message,
+        from_email,
+        recipient_list,
+        html_message=html_message,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+    )
+
+
+def prepare_template(
+    cache: TemplateCache,
+    name: Any,
+    context: Any = None,
+    from_email: Any = None,
+    recipient_list: Any = (),
+    *,
+    language: Any = None,
+    **options: Any,
+) -> Prepared:
+    """Render and validate :func:`enqueue_template`'s arguments; write nothing.
+
+    The defaults (no context, ``DEFAULT_FROM_EMAIL``) serve ``enqueue_many``'s
+    items, which may leave those keys out.
+    """
+    compiled = cache.get(name, language)
+    subject, text, html = render(compiled, {} if context is None else context)
+    return prepare_email(subject, text, from_email, recipient_list, html_message=html, **options)
 
 
 def write_prepared(prepared: Sequence[Prepared]) -> list[list[Delivery]]:
@@ -129,6 +241,9 @@ def _write(p: Prepared) -> list[Delivery]:
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
+    # One indexed query for every recipient of the call (on the PostgreSQL
+    # path above it is part of the INSERT statement).
+    stopped = suppressed(using, [bare_address(r) for r in p.recipients])
     with transaction.atomic(using=using):
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
@@ -148,15 +263,19 @@ def _write(p: Prepared) -> list[Delivery]:
             Delivery(
                 email=email,
                 recipient=recipient,
+                status=Delivery.Status.CANCELLED if why else Delivery.Status.QUEUED,
+                last_error=why,
                 priority=p.priority,
                 max_attempts=p.max_attempts,
                 not_before=not_before,
+                expires_at=p.expires_at,
                 message_id=make_message_id(domain),
                 idempotency_key=p.idempotency_key,
                 created_at=now,
                 updated_at=now,
             )
             for recipient in missing
+            for why in [stopped.get(bare_address(recipient), "")]
         ]
         if p.idempotency_key is None:
             created = Delivery.objects.using(using).bulk_create(rows)
@@ -171,7 +290,7 @@ def _write(p: Prepared) -> list[Delivery]:
                 email.delete()
 
         if created:
-            entries = [QueueEntry(d.pk, d.priority, not_before.timestamp()) for d in created]
+            entries = queue_entries(created, not_before)
             transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
     if p.idempotency_key is None:
         return created
@@ -179,7 +298,11 @@ def _write(p: Prepared) -> list[Delivery]:
 
 
 def _write_postgresql(
-    p: Prepared, using: str, now: datetime, not_before: datetime, domain: str
+    p: Prepared,
+    using: str,
+    now: datetime,
+    not_before: datetime,
+    domain: str,
 ) -> list[Delivery]:
     """The common case (no idempotency key, no attachments) as one INSERT statement.
 
@@ -189,11 +312,20 @@ def _write_postgresql(
     """
     message_ids = [make_message_id(domain) for _ in p.recipients]
     email = _email(p, now)
-    created = insert_postgresql(p, email, message_ids, using=using, now=now, not_before=not_before)
-    at = not_before.timestamp()
-    entries = [QueueEntry(d.pk, p.priority, at) for d in created]
+    bare = [bare_address(r) for r in p.recipients]
+    created = insert_postgresql(
+        p, email, message_ids, bare, using=using, now=now, not_before=not_before
+    )
+    entries = queue_entries(created, not_before)
     transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
     return created
+
+
+def queue_entries(deliveries: Sequence[Delivery], not_before: datetime) -> list[QueueEntry]:
+    """What to push after the commit: only queued rows (a suppressed one is cancelled)."""
+    at = not_before.timestamp()
+    queued = Delivery.Status.QUEUED
+    return [QueueEntry(d.pk, d.priority, at) for d in deliveries if d.status == queued]
 
 
 def _email(p: Prepared, now: datetime) -> Email:

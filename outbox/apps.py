@@ -1,4 +1,4 @@
-"""The app config: registers the system checks (checks.py) when Django starts."""
+"""The app config: registers the system checks (checks.py) and the ESP event hook when Django starts."""
 
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _
@@ -11,3 +11,6 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
+        from .esp_events import connect
+
+        connect()  # django-anymail's tracking signal, when it is installed

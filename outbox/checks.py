@@ -19,6 +19,14 @@ outbox.E009 ``OUTBOX["SEND_TIMEOUT"]`` is not a positive number of seconds
 outbox.W004 the metrics URL is routed but ``OUTBOX["METRICS_TOKEN"]`` is not set
 outbox.E010 ``OUTBOX["RATE_LIMITS"]`` is not a dict, or an entry is malformed
 outbox.E011 ``THROTTLE_PENALTY`` or ``PAUSED_DOMAIN_RECHECK`` is not a positive number
+outbox.E015 ``OUTBOX["RECONCILERS"]``: not a list of dotted paths of reconciler classes
+outbox.E016 ``RECONCILE_BATCH``, ``RECONCILE_RETRY_AFTER`` or ``RECONCILE_MAX_AGE`` out of range
+outbox.E017 ``PostfixLogReconciler`` is listed but ``OUTBOX["POSTFIX_LOG"]`` is not set
+outbox.W007 ``OUTBOX["POSTFIX_LOG"]`` cannot be read on this host
+outbox.E018 the outbox's cache uses ``ClusterClient`` with a LOCATION a cluster cannot have
+outbox.E019 the outbox's cache uses django-redis' ``SentinelClient`` without sentinels
+outbox.E020 ``OUTBOX["SUPPRESS_ON_REFUSAL"]`` is not a bool
+outbox.W009 no ``DjangoTemplates`` engine: ``enqueue_template`` cannot find templates
 ========== ==============================================================
 """
 
@@ -59,6 +67,8 @@ def check_outbox_settings(
     errors += _check_key_prefix()
     errors += _check_delivery_target()
     errors += _check_sending_control(raw)
+    errors += _check_topology_and_reconcilers(raw)
+    errors += _check_content(raw)
     return errors
 
 
@@ -275,6 +285,15 @@ def _check_sending_control(raw: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
+# -- Redis Sentinel / Cluster, and reconcilers (outbox.E015-E019, W007) ---------------
+
+
+def _check_topology_and_reconcilers(raw: dict[str, Any]) -> list[CheckMessage]:
+    from .checks_topology import check_reconcilers, check_redis_topology
+
+    return check_redis_topology() + check_reconcilers(raw)
+
+
 @register(Tags.urls)
 def check_metrics_token(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
@@ -297,3 +316,31 @@ def check_metrics_token(
             id="outbox.W004",
         )
     ]
+
+
+# -- templates, bulk mail, expiry and suppression (issue 14) ---------------------------
+
+
+def _check_content(raw: dict[str, Any]) -> list[CheckMessage]:
+    errors: list[CheckMessage] = []
+    value = raw.get("SUPPRESS_ON_REFUSAL", DEFAULTS["SUPPRESS_ON_REFUSAL"])
+    if not isinstance(value, bool):
+        errors.append(
+            Error(
+                f"OUTBOX['SUPPRESS_ON_REFUSAL'] is {value!r}; it must be True or False.",
+                hint="True (the default) adds a recipient the mail server refused for good "
+                "(5xx at RCPT) to the suppression list.",
+                id="outbox.E020",
+            )
+        )
+    backends = [t.get("BACKEND") for t in getattr(settings, "TEMPLATES", [])]
+    if "django.template.backends.django.DjangoTemplates" not in backends:
+        errors.append(
+            Warning(
+                "No DjangoTemplates engine in settings.TEMPLATES: enqueue_template() and "
+                "enqueue_many() with a template cannot render template files or rows.",
+                hint="Add a DjangoTemplates engine (APP_DIRS=True finds <app>/templates/).",
+                id="outbox.W009",
+            )
+        )
+    return errors

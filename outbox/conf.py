@@ -52,6 +52,12 @@ DEFAULTS: dict[str, Any] = {
     "BLOCK_TIMEOUT": 1.0,
     # The sweeper re-checks every queued row against Redis at least this often.
     "MIRROR_FULL_SCAN_INTERVAL": 3600.0,
+    # PostgreSQL: run the worker's per-email statement through the PL/pgSQL
+    # function the migrations create (its plans are cached per connection, a
+    # saving as large as prepared statements', without needing them). False:
+    # the same statement as plain SQL, for databases where functions may not be
+    # created (fake-apply migration 0005 then).
+    "POSTGRESQL_FUNCTIONS": True,
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
@@ -65,6 +71,21 @@ DEFAULTS: dict[str, Any] = {
     # Seconds ahead a row to a paused domain is rescheduled; resume takes effect
     # within this interval.
     "PAUSED_DOMAIN_RECHECK": 10.0,
+    # -- automatic settlement of abandoned rows (outbox/reconcile.py) --
+    # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
+    # about abandoned rows.
+    "RECONCILERS": [],
+    # Abandoned rows asked about per sweep pass (the oldest first).
+    "RECONCILE_BATCH": 100,
+    # Seconds before a row the reconcilers could not settle is asked again.
+    "RECONCILE_RETRY_AFTER": 900.0,
+    # Rows abandoned longer ago than this (seconds) are left to a person.
+    "RECONCILE_MAX_AGE": 7 * 86400.0,
+    # Postfix's mail log, for outbox.reconcilers.PostfixLogReconciler.
+    "POSTFIX_LOG": None,
+    # Templates, bulk mail, expiry and suppression (issue 14).
+    # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
+    "SUPPRESS_ON_REFUSAL": True,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -148,6 +169,10 @@ class OutboxSettings:
         return float(self._get("MIRROR_FULL_SCAN_INTERVAL"))
 
     @property
+    def POSTGRESQL_FUNCTIONS(self) -> bool:
+        return bool(self._get("POSTGRESQL_FUNCTIONS"))
+
+    @property
     def METRICS_TOKEN(self) -> str | None:
         # An empty string counts as "not set": it must never match a bare "Bearer".
         value = self._get("METRICS_TOKEN")
@@ -167,6 +192,35 @@ class OutboxSettings:
     @property
     def PAUSED_DOMAIN_RECHECK(self) -> float:
         return float(self._get("PAUSED_DOMAIN_RECHECK"))
+
+    # -- automatic settlement of abandoned rows --
+
+    @property
+    def RECONCILERS(self) -> list[str]:
+        return [str(path) for path in self._get("RECONCILERS") or []]
+
+    @property
+    def RECONCILE_BATCH(self) -> int:
+        return int(self._get("RECONCILE_BATCH"))
+
+    @property
+    def RECONCILE_RETRY_AFTER(self) -> float:
+        return float(self._get("RECONCILE_RETRY_AFTER"))
+
+    @property
+    def RECONCILE_MAX_AGE(self) -> float:
+        return float(self._get("RECONCILE_MAX_AGE"))
+
+    @property
+    def POSTFIX_LOG(self) -> str | None:
+        value = self._get("POSTFIX_LOG")
+        return str(value) if value else None
+
+    # -- templates, bulk mail, expiry and suppression ------------------------------
+
+    @property
+    def SUPPRESS_ON_REFUSAL(self) -> bool:
+        return bool(self._get("SUPPRESS_ON_REFUSAL"))
 
 
 outbox_settings = OutboxSettings()

@@ -8,10 +8,15 @@ needs a person (the abandoned rows, linked to the filtered delivery list) and
 whether Redis agrees with the database.
 
 The numbers are those of :func:`outbox.status.collect` (what ``manage.py
-outbox_status`` shows): four database queries and one Redis transaction. The
-chart is one more query, grouping the sent rows of the last hour by the minute
-of ``sent_at`` and the failed ones by the minute of ``updated_at``. Every count
-is exact; the page says so.
+outbox_status`` shows): five or six database queries and one Redis transaction
+(two round trips when the queued rows are few enough to compare with Redis id
+by id). The chart is one more query, grouping the sent rows of the last hour by
+the minute of ``sent_at`` and the failed ones by the minute of ``updated_at``.
+Each query reads a partial index that holds only the rows it counts, so none
+grows with the history of sent mail, except the count of sent rows itself: on
+PostgreSQL, once there are :data:`outbox.status.ESTIMATE_ABOVE` of them, it is
+the planner's estimate, marked "≈" on the page. Everything else is exact, and
+the page says which is which.
 
 :func:`install` adds the page to an :class:`~django.contrib.admin.AdminSite`
 (``outbox.admin`` installs it on the default site): its URL, and a
@@ -179,17 +184,20 @@ def _changelist(site: AdminSite, **filters: str) -> str:
 
 def _database_context(site: AdminSite, database: dict[str, Any]) -> dict[str, Any]:
     by_status = database["by_status"]
+    estimated = set(database["estimated"])
     return {
         "counts": [
             {
                 "status": value,
                 "badge": status_badge(value),
                 "count": by_status.get(value, 0),
+                "estimated": value in estimated,
                 "url": _changelist(site, status__exact=value),
             }
             for value in Status.values
         ],
         "total": sum(by_status.values()),
+        "estimated": bool(estimated),
         "due": database["due"],
         "scheduled": database["scheduled"],
         "oldest_due_age": age(database["oldest_due_age"]),

@@ -7,21 +7,26 @@ schedules the Redis push and the signal for after the commit.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 
 from django.db import connections
 
+from .conf import outbox_settings
 from .db import binding_cursor
-from .models import Delivery, Email
+from .models import Delivery, Email, Suppression
 from .prepare import Prepared
 
 # The email and all its deliveries in one statement (PostgreSQL): the
-# recipients travel as two arrays instead of a VALUES row each, which is what
+# recipients travel as arrays instead of a VALUES row each, which is what
 # makes a 10,000-recipient call cheap. The deliveries' RETURNING is matched
-# back by Message-ID, which is unique, so no row order is assumed.
+# back by Message-ID, which is unique, so no row order is assumed. The
+# suppression list is looked up in the same statement (its unique index on
+# ``address``): a suppressed recipient's row is written cancelled, with the
+# same last_error as ``outbox.suppression.suppressed`` gives elsewhere.
 _INSERT_SQL_POSTGRESQL = """
 WITH email AS (
     INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers,
@@ -31,11 +36,30 @@ WITH email AS (
     RETURNING id
 )
 INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, worker_id, message_id, last_error, created_at, updated_at)
-SELECT email.id, r.recipient, %(queued)s, %(priority)s, 0, %(max_attempts)s,
-    %(not_before)s, '', r.message_id, '', %(now)s, %(now)s
-FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[]) AS r(recipient, message_id)
-RETURNING id, email_id, message_id
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT email.id, r.recipient,
+    CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
+    %(priority)s, 0, %(max_attempts)s,
+    %(not_before)s, %(expires_at)s, '', r.message_id,
+    CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+        || ' is on the suppression list (' || s.source || ')'
+        || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+    %(now)s, %(now)s
+FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
+    AS r(recipient, message_id, bare)
+LEFT JOIN {suppression} s ON s.address = r.bare
+RETURNING id, email_id, message_id, last_error
+"""
+
+
+# The same insert through the PL/pgSQL function of outbox/plpgsql.py, whose
+# statements keep their plans per connection (Django's defaults re-plan every
+# statement sent). Same parameters, same rows returned.
+_INSERT_CALL_POSTGRESQL = """
+SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
+    %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
+    %(bare)s::text[])
 """
 
 
@@ -43,6 +67,7 @@ def insert_postgresql(
     p: Prepared,
     email: Email,
     message_ids: Sequence[str],
+    bare: Sequence[str],
     *,
     using: str,
     now: datetime,
@@ -50,16 +75,18 @@ def insert_postgresql(
 ) -> list[Delivery]:
     """Insert ``email`` (unsaved) and one delivery per recipient; return the deliveries.
 
-    ``message_ids`` pairs with ``p.recipients``. ``email`` becomes the saved
+    ``message_ids`` and ``bare`` (the lower-cased addresses the suppression
+    list is matched on) pair with ``p.recipients``. ``email`` becomes the saved
     row (its ``pk`` set) and is cached on every delivery returned.
     """
     connection = connections[using]
-    quote = connection.ops.quote_name
+    if outbox_settings.POSTGRESQL_FUNCTIONS:
+        statement = _INSERT_CALL_POSTGRESQL
+    else:
+        statement = _plain_insert_sql()
     with binding_cursor(connection) as cursor:
         cursor.execute(
-            _INSERT_SQL_POSTGRESQL.format(
-                email=quote(Email._meta.db_table), delivery=quote(Delivery._meta.db_table)
-            ),
+            statement,
             {
                 "subject": p.subject,
                 "body": p.body,
@@ -69,6 +96,9 @@ def insert_postgresql(
                 "headers": json.dumps(p.headers),
                 "now": now,
                 "queued": Delivery.Status.QUEUED,
+                "cancelled": Delivery.Status.CANCELLED,
+                "expires_at": p.expires_at,
+                "bare": list(bare),
                 "priority": p.priority,
                 "max_attempts": p.max_attempts,
                 "not_before": not_before,
@@ -81,14 +111,27 @@ def insert_postgresql(
     email.pk = email_id
     email._state.adding = False
     email._state.db = using
-    ids = {message_id: pk for pk, _email, message_id in returned}
-    return _deliveries(p, email, message_ids, ids, using=using, now=now, not_before=not_before)
+    ids = {message_id: pk for pk, _email, message_id, _why in returned}
+    reasons = {message_id: why for _pk, _email, message_id, why in returned}
+    why = [reasons[m] for m in message_ids]
+    return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
+
+
+@functools.cache
+def _plain_insert_sql() -> str:
+    # Formatted once, not once per call; quoted as PostgreSQL quotes names.
+    return _INSERT_SQL_POSTGRESQL.format(
+        email=f'"{Email._meta.db_table}"',
+        delivery=f'"{Delivery._meta.db_table}"',
+        suppression=f'"{Suppression._meta.db_table}"',
+    )
 
 
 def _deliveries(
     p: Prepared,
     email: Email,
     message_ids: Sequence[str],
+    why: Sequence[str],
     ids: dict[str, int],
     *,
     using: str,
@@ -107,18 +150,238 @@ def _deliveries(
         priority=p.priority,
         max_attempts=p.max_attempts,
         not_before=not_before,
+        expires_at=p.expires_at,
         created_at=now,
         updated_at=now,
     )
     template = [row[name] for name in names]
-    slots = [names.index(name) for name in ("id", "recipient", "message_id")]
+    slots = [names.index(name) for name in ("id", "recipient", "message_id", "last_error")]
+    status_slot = names.index("status")
+    cancelled = Delivery.Status.CANCELLED
     cache = Delivery.email.field
     created = []
-    for recipient, message_id in zip(p.recipients, message_ids, strict=True):
+    for recipient, message_id, reason in zip(p.recipients, message_ids, why, strict=True):
         values = template.copy()
-        for slot, value in zip(slots, (ids[message_id], recipient, message_id), strict=True):
+        row_values = (ids[message_id], recipient, message_id, reason)
+        for slot, value in zip(slots, row_values, strict=True):
             values[slot] = value
+        if reason:
+            values[status_slot] = cancelled
         delivery = Delivery.from_db(using, names, values)
         cache.set_cached_value(delivery, email)
         created.append(delivery)
     return created
+
+
+# -- enqueue_many: a chunk of emails and all their deliveries --------------------------
+
+
+class BulkRow(NamedTuple):
+    """One validated item of :func:`outbox.enqueue_many`, with what the write adds."""
+
+    prepared: Prepared
+    not_before: datetime
+    message_ids: list[str]
+    why: list[str]  # per recipient: why it is suppressed, or ""
+
+
+# PostgreSQL, one statement per chunk: the email ids are drawn from the
+# table's own sequence first (``ids``), so each item's deliveries name their
+# email by the item's position, with no reliance on the order RETURNING
+# gives. Every column travels as one array.
+_INSERT_MANY_SQL_POSTGRESQL = """
+WITH ids AS MATERIALIZED (
+    SELECT g AS item, nextval(pg_get_serial_sequence(%(email_table)s, 'id')) AS id
+    FROM generate_series(1, %(count)s) AS g
+), email AS (
+    INSERT INTO {email} (id, subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
+        %(now)s
+    FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
+        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[])
+        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, item)
+    JOIN ids USING (item)
+    RETURNING id
+)
+INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT email.id, d.recipient,
+    CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
+    d.priority, 0, d.max_attempts, d.not_before, d.expires_at, '', d.message_id, d.why,
+    %(now)s, %(now)s
+FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[],
+    %(why)s::text[], %(priorities)s::text[], %(max_attempts)s::integer[],
+    %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])
+    AS d(item, recipient, message_id, why, priority, max_attempts, not_before, expires_at)
+JOIN ids USING (item)
+JOIN email ON email.id = ids.id
+RETURNING id, email_id, message_id
+"""
+
+# SQLite, two statements per chunk, each with one JSON parameter (no limit on
+# the number of items). Within one INSERT the new ids are consecutive and
+# given in the order of ORDER BY, so the sorted ids pair with the items.
+_INSERT_EMAILS_SQL_SQLITE = """
+INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers, created_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), %s
+FROM json_each(%s) ORDER BY key
+RETURNING id
+"""
+
+_INSERT_DELIVERIES_SQL_SQLITE = """
+INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+    CASE WHEN json_extract(value, '$[3]') = '' THEN %s ELSE %s END,
+    json_extract(value, '$[4]'), 0, json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), '', json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s, %s
+FROM json_each(%s)
+RETURNING id, message_id
+"""
+
+
+def insert_many(
+    rows: Sequence[BulkRow], *, using: str, now: datetime
+) -> tuple[list[Email], list[list[Delivery]]]:
+    """Insert one email per row and its deliveries; return both, in row order."""
+    connection = connections[using]
+    quote = connection.ops.quote_name
+    tables = {"email": quote(Email._meta.db_table), "delivery": quote(Delivery._meta.db_table)}
+    emails = [
+        Email(
+            subject=r.prepared.subject,
+            body=r.prepared.body,
+            html_message=r.prepared.html_message,
+            from_email=r.prepared.from_email,
+            reply_to=r.prepared.reply_to,
+            headers=r.prepared.headers,
+            created_at=now,
+        )
+        for r in rows
+    ]
+    with binding_cursor(connection) as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                _INSERT_MANY_SQL_POSTGRESQL.format(**tables), _postgresql_params(rows, tables, now)
+            )
+            returned = cursor.fetchall()
+            email_ids = {message_id: email_id for _pk, email_id, message_id in returned}
+            for email, r in zip(emails, rows, strict=True):
+                email.pk = email_ids[r.message_ids[0]]
+        else:
+            ops = connection.ops
+            at = ops.adapt_datetimefield_value(now)
+            cursor.execute(_INSERT_EMAILS_SQL_SQLITE.format(**tables), [at, _emails_json(rows)])
+            for email, (pk,) in zip(emails, sorted(cursor.fetchall()), strict=True):
+                email.pk = pk
+            cursor.execute(
+                _INSERT_DELIVERIES_SQL_SQLITE.format(**tables),
+                [
+                    Delivery.Status.QUEUED,
+                    Delivery.Status.CANCELLED,
+                    at,
+                    at,
+                    _deliveries_json(rows, emails, ops.adapt_datetimefield_value),
+                ],
+            )
+            returned = [(pk, 0, message_id) for pk, message_id in cursor.fetchall()]
+    ids = {message_id: pk for pk, _email, message_id in returned}
+    deliveries = []
+    for email, r in zip(emails, rows, strict=True):
+        email._state.adding = False
+        email._state.db = using
+        deliveries.append(
+            _deliveries(
+                r.prepared,
+                email,
+                r.message_ids,
+                r.why,
+                ids,
+                using=using,
+                now=now,
+                not_before=r.not_before,
+            )
+        )
+    return emails, deliveries
+
+
+def _postgresql_params(
+    rows: Sequence[BulkRow], tables: dict[str, str], now: datetime
+) -> dict[str, Any]:
+    ps = [r.prepared for r in rows]
+    per_delivery: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "items",
+            "recipients",
+            "message_ids",
+            "why",
+            "priorities",
+            "max_attempts",
+            "not_befores",
+            "expires",
+        )
+    }
+    for item, r in enumerate(rows, start=1):
+        p = r.prepared
+        n = len(p.recipients)
+        per_delivery["items"] += [item] * n
+        per_delivery["recipients"] += p.recipients
+        per_delivery["message_ids"] += r.message_ids
+        per_delivery["why"] += r.why
+        per_delivery["priorities"] += [p.priority] * n
+        per_delivery["max_attempts"] += [p.max_attempts] * n
+        per_delivery["not_befores"] += [r.not_before] * n
+        per_delivery["expires"] += [p.expires_at] * n
+    return {
+        "email_table": tables["email"],
+        "count": len(rows),
+        "now": now,
+        "subjects": [p.subject for p in ps],
+        "bodies": [p.body for p in ps],
+        "htmls": [p.html_message for p in ps],
+        "senders": [p.from_email for p in ps],
+        "reply_tos": [json.dumps(p.reply_to) for p in ps],
+        "headers": [json.dumps(p.headers) for p in ps],
+        "queued": Delivery.Status.QUEUED,
+        "cancelled": Delivery.Status.CANCELLED,
+        **per_delivery,
+    }
+
+
+def _emails_json(rows: Sequence[BulkRow]) -> str:
+    return json.dumps(
+        [
+            [
+                r.prepared.subject,
+                r.prepared.body,
+                r.prepared.html_message,
+                r.prepared.from_email,
+                json.dumps(r.prepared.reply_to),
+                json.dumps(r.prepared.headers),
+            ]
+            for r in rows
+        ]
+    )
+
+
+def _deliveries_json(rows: Sequence[BulkRow], emails: Sequence[Email], adapt: Any) -> str:
+    out = []
+    for r, email in zip(rows, emails, strict=True):
+        p = r.prepared
+        not_before = adapt(r.not_before)
+        expires = adapt(p.expires_at) if p.expires_at is not None else None
+        for recipient, message_id, why in zip(p.recipients, r.message_ids, r.why, strict=True):
+            out.append(
+                [
+                    email.pk,
+                    recipient,
+                    message_id,
+                    why,
+                    p.priority,
+                    p.max_attempts,
+                    not_before,
+                    expires,
+                ]
+            )
+    return json.dumps(out)

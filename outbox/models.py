@@ -142,6 +142,9 @@ class Delivery(models.Model):
     sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
     message_id = models.CharField(_("Message-ID"), max_length=255, unique=True)
     last_error = models.TextField(_("last error"), blank=True, default="")
+    # Not sent by then, never sent: the claim UPDATE and the sweeper cancel it.
+    # NULL (no expiry) on the hot path, so its index below never sees those rows.
+    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
     # NULL, not "", for "no key": the unique constraint ignores NULLs.
     idempotency_key = models.CharField(  # noqa: DJ001
         _("idempotency key"), max_length=255, null=True, blank=True
@@ -199,6 +202,14 @@ class Delivery(models.Model):
                 condition=Q(status__in=["failed", "abandoned", "cancelled"]),
                 name="outbox_deliv_attention",
             ),
+            # Sweeper: queued rows with an expiry, oldest expiry first. Rows
+            # without `expires_at` (the hot path) never enter it, so it costs
+            # nothing there; a row with one leaves it at its claim.
+            models.Index(
+                fields=["expires_at"],
+                condition=Q(status="queued", expires_at__isnull=False),
+                name="outbox_deliv_expiring",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -222,6 +233,10 @@ class Attempt(models.Model):
         MARKED_SENT = "marked_sent", _("marked sent by operator")
         MARKED_FAILED = "marked_failed", _("marked failed by operator")
         CANCELLED = "cancelled", _("cancelled")
+        # Reported later by an ESP (django-anymail's tracking, outbox.esp_events).
+        BOUNCED = "bounced", _("bounced (reported by the ESP)")
+        REJECTED = "rejected", _("rejected (reported by the ESP)")
+        COMPLAINED = "complained", _("spam complaint (reported by the ESP)")
 
     delivery = models.ForeignKey(
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", verbose_name=_("delivery")
@@ -255,3 +270,83 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"#{self.number} {self.get_outcome_display()}"
+
+
+class EmailTemplate(models.Model):
+    """A template edited in the admin: subject, text and HTML, one row per language.
+
+    ``language`` blank is the default, used when no row exists for the
+    language asked for. See :mod:`outbox.rendering` for the lookup order.
+    """
+
+    name = models.CharField(_("name"), max_length=255)
+    language = models.CharField(
+        _("language"),
+        max_length=15,
+        blank=True,
+        default="",
+        help_text=_("A language code such as de or pt-br; blank for the default."),
+    )
+    subject = models.CharField(_("subject"), max_length=998)
+    text = models.TextField(_("text body"), blank=True, default="")
+    html = models.TextField(_("HTML body"), blank=True, default="")
+    description = models.TextField(_("description"), blank=True, default="")
+    sample_context = models.JSONField(
+        _("sample context"),
+        default=dict,
+        blank=True,
+        help_text=_("A JSON object the admin's preview renders the template with."),
+    )
+    updated_at = models.DateTimeField(_("updated"), auto_now=True)
+
+    class Meta:
+        verbose_name = _("email template")
+        verbose_name_plural = _("email templates")
+        ordering = ["name", "language"]
+        constraints = [
+            # Also the index of the lookup `name = %s AND language IN (...)`.
+            models.UniqueConstraint(fields=["name", "language"], name="outbox_template_lang"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} [{self.language}]" if self.language else self.name
+
+    def clean(self) -> None:
+        """Compile each part: a syntax error becomes a form error with its line."""
+        from .rendering import check_syntax
+
+        check_syntax(self)
+
+
+class Suppression(models.Model):
+    """An address the outbox never sends to: enqueueing to it creates a cancelled row."""
+
+    class Source(models.TextChoices):
+        REFUSAL = "refusal", _("refused by the mail server")
+        OPERATOR = "operator", _("operator")
+        API = "api", _("API")
+
+    # Stored lower-cased (``save()``), so the unique index compares
+    # case-insensitively and serves enqueue's one `address IN (...)` query.
+    address = models.CharField(_("address"), max_length=320, unique=True)
+    reason = models.TextField(_("reason"), blank=True, default="")
+    source = models.CharField(
+        _("source"), max_length=16, choices=Source.choices, default=Source.OPERATOR
+    )
+    created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+
+    class Meta:
+        verbose_name = _("suppressed address")
+        verbose_name_plural = _("suppressed addresses")
+        ordering = ["address"]
+
+    def __str__(self) -> str:
+        return self.address
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        self.address = self.address.strip().lower()
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+    def clean(self) -> None:
+        # Before the form's unique check, so "A@x" collides with "a@x".
+        self.address = self.address.strip().lower()

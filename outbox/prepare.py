@@ -56,6 +56,7 @@ class Prepared:
     priority: str = "normal"
     idempotency_key: str | None = None
     max_attempts: int = 5
+    expires_at: datetime | None = None
 
 
 def prepare(
@@ -72,6 +73,7 @@ def prepare(
     priority: Any,
     idempotency_key: Any,
     max_attempts: Any,
+    expires_at: Any = None,
 ) -> Prepared:
     """Validate :func:`~outbox.api.enqueue_email`'s arguments, field by field.
 
@@ -92,6 +94,7 @@ def prepare(
     if max_attempts is None:
         max_attempts = outbox_settings.MAX_ATTEMPTS
     _check_max_attempts(max_attempts)
+    _check_expires_at(expires_at, send_at)
     return Prepared(
         subject=subject,
         body=message,
@@ -105,6 +108,7 @@ def prepare(
         priority=priority,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
+        expires_at=expires_at,
     )
 
 
@@ -135,6 +139,21 @@ def _check_send_at(send_at: Any) -> None:
         require_type("send_at", send_at, datetime, "a datetime")
         if timezone.is_naive(send_at):
             raise field_error("send_at", _("send_at must be timezone-aware."), "naive")
+
+
+def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
+    """Aware, in the future, and after ``send_at``: else the row could never be sent."""
+    if expires_at is None:
+        return
+    require_type("expires_at", expires_at, datetime, "a datetime")
+    if timezone.is_naive(expires_at):
+        raise field_error("expires_at", _("expires_at must be timezone-aware."), "naive")
+    if expires_at <= timezone.now():
+        raise field_error("expires_at", _("expires_at is in the past."), "past")
+    if send_at is not None and expires_at <= send_at:
+        raise field_error(
+            "expires_at", _("expires_at must be later than send_at."), "before_send_at"
+        )
 
 
 def _check_priority(priority: Any) -> None:

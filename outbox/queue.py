@@ -26,6 +26,10 @@ and scripts stay legal on Redis Cluster:
 ``{p}:rate:<key>``, ``{p}:rate-held:<key>``
                                one rate limit's bucket and the ids holding its
                                reserved slots (``ratelimit.py``)
+``{p}:reconcile-asked``        sorted set: abandoned rows the reconcilers could not
+                               settle, score = when asked (see ``reconcile.py``)
+``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
+                               (``counters.py``; never written by a worker)
 
 The rules every script keeps:
 
@@ -43,8 +47,8 @@ UPDATE in the database, so a stale or repeated id changes nothing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from functools import cache
+from collections.abc import Callable, Iterable, Sequence
+from functools import cache, partial
 from importlib import resources
 from typing import Any, NamedTuple, cast
 
@@ -52,6 +56,7 @@ from redis import Redis
 from redis.commands.core import Script
 
 from .conf import PRIORITIES, outbox_settings
+from .redis_cluster import is_cluster, slot_target
 
 PRIORITY_INDEX: dict[str, int] = {name: i + 1 for i, name in enumerate(PRIORITIES)}
 PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
@@ -75,6 +80,16 @@ class QueueEntry(NamedTuple):
 class Claimed(NamedTuple):
     id: int
     priority: str
+
+
+@cache
+def _shared_script(name: str) -> Script:
+    """One Script per process: its source is read and its SHA1 computed once.
+
+    It is always called with the queue's own client (``client=``), so one
+    object serves every connection.
+    """
+    return Script(None, _script_source(name).encode())  # type: ignore[arg-type]
 
 
 @cache
@@ -131,9 +146,10 @@ class RedisQueue:
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
         self.control_key = f"{tag}:control"
+        self.reconcile_key = f"{tag}:reconcile-asked"
+        self.sent_total_key = f"{tag}:sent-total"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
-        self._scripts: dict[str, Script] = {}
 
     # -- keys -------------------------------------------------------------
 
@@ -159,20 +175,21 @@ class RedisQueue:
             keys += [self.processing_key(worker_id), self.claims_key(worker_id)]
         return keys
 
-    def _script(self, name: str) -> Script:
+    def _script(self, name: str) -> Callable[..., Any]:
         # Script objects use EVALSHA and reload on NOSCRIPT, so they survive a
-        # Redis restart that forgot the script cache.
-        if name not in self._scripts:
-            self._scripts[name] = self.redis.register_script(_script_source(name))
-        return self._scripts[name]
+        # Redis restart that forgot the script cache. A caller may still pass
+        # its own client= (a pipeline).
+        return partial(_shared_script(name), client=self.redis)
 
-    def script(self, name: str) -> Script:
-        """The Lua script ``outbox/lua/<name>.lua`` on this connection."""
+    def script(self, name: str) -> Callable[..., Any]:
+        """The Lua script ``outbox/lua/<name>.lua``, called on this connection."""
         return self._script(name)
 
     def time(self) -> float:
         """Redis' clock, epoch seconds: the one clock of every queue decision."""
-        seconds, micros = cast(tuple[int, int], self.redis.time())
+        # On a cluster, from the primary that runs the scripts (their clock).
+        target = slot_target(self.redis, self.queued_key)
+        seconds, micros = cast(tuple[int, int], self.redis.time(**target))
         return seconds + micros / 1_000_000
 
     # -- producers ----------------------------------------------------------
@@ -192,8 +209,13 @@ class RedisQueue:
         script = self._script("push")
         keys = self._keys()
         flag = 1 if force else 0
-        if len(entries) <= PUSH_CHUNK:
-            return int(script(keys=keys, args=[flag, *_entry_args(entries)]))
+        if len(entries) <= PUSH_CHUNK or is_cluster(self.redis):
+            # A cluster pipeline cannot reload a script its node forgot (after
+            # a failover): there, one call per chunk.
+            return sum(
+                int(script(keys=keys, args=[flag, *_entry_args(entries[i : i + PUSH_CHUNK])]))
+                for i in range(0, len(entries), PUSH_CHUNK)
+            )
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(entries), PUSH_CHUNK):
             chunk = entries[start : start + PUSH_CHUNK]

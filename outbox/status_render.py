@@ -36,9 +36,11 @@ def _render_database(db: dict[str, Any]) -> list[str]:
     header = [_("Deliveries"), *(str(dict(Delivery.Priority.choices)[p]) for p in PRIORITIES)]
     header.append(_("total"))
     table = [header]
+    estimated = set(db.get("estimated", ()))
     for status in STATUSES:
         counts = [db["by_priority"].get(p, {}).get(status, 0) for p in PRIORITIES]
-        table.append([str(labels[status]), *map(str, counts), str(db["by_status"][status])])
+        total = ("≈" if status in estimated else "") + str(db["by_status"][status])
+        table.append([str(labels[status]), *("-" if n is None else str(n) for n in counts), total])
     widths = [max(len(row[i]) for row in table) for i in range(len(header))]
     lines = [
         "  ".join(
@@ -47,6 +49,10 @@ def _render_database(db: dict[str, Any]) -> list[str]:
         for row in table
     ]
     oldest = db["oldest_due_age"]
+    if estimated:
+        lines.append(
+            _("≈ PostgreSQL's estimate, not a count (per priority: -); the rest is exact.")
+        )
     lines.append("")
     lines.append(
         _("Due now: %(due)d (oldest waiting %(age)s); scheduled for later: %(scheduled)d")
@@ -151,7 +157,17 @@ def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
 
 def _agreement_line(label: str, part: dict[str, Any]) -> str:
     if part["agrees"] is None:
-        return _("%(name)s vs database: too many ids to compare") % {"name": label}
+        from .status import COMPARE_LIMIT  # outbox.status imports this module
+
+        return _(
+            "%(name)s vs database: not compared id by id (over %(limit)d ids); "
+            "database %(database)d, Redis %(redis)d"
+        ) % {
+            "name": label,
+            "limit": COMPARE_LIMIT,
+            "database": part["database"],
+            "redis": part["redis"],
+        }
     if part["agrees"]:
         return _("%(name)s vs database: agree") % {"name": label}
     return _(

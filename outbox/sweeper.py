@@ -21,7 +21,10 @@ The database is the truth; a pass makes Redis and the rows agree again:
    ``--full-mirror-check`` and once per ``MIRROR_FULL_SCAN_INTERVAL``.
    Otherwise the *incremental* check pushes the rows that became queued since
    the last pass, gated by the set, so it adds no id that is already waiting.
-4. **Retention** (optional): sent rows past an age are deleted in batches.
+4. **Settlement** (optional): ``OUTBOX["RECONCILERS"]`` are asked about the
+   oldest abandoned rows, which are settled from their answers
+   (``reconcile.py``).
+5. **Retention** (optional): sent rows past an age are deleted in batches.
 
 The policy for rows that were processing when their worker died:
 
@@ -54,7 +57,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from . import operations
+from . import operations, reconcile
 from .clock import from_timestamp
 from .conf import outbox_settings
 from .models import Attempt, Delivery, Email
@@ -84,6 +87,9 @@ class SweepReport:
     promoted: int = 0
     reaped: int = 0  # dead workers cleaned up
     purged: int = 0
+    reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
+    reconciled_requeued: int = 0  # ... and requeued as never sent
+    expired: int = 0  # queued rows past their expires_at, cancelled
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
     errors: list[str] = field(default_factory=list)
@@ -99,6 +105,13 @@ class SweepReport:
         )
         if self.purged:
             text += f", purged {self.purged}"
+        if self.reconciled_sent or self.reconciled_requeued:
+            text += (
+                f", settled by reconcilers: {self.reconciled_sent} sent, "
+                f"{self.reconciled_requeued} requeued"
+            )
+        if self.expired:
+            text += f", expired {self.expired}"
         text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
         text += f"{self.seconds:.2f}s)"
         if self.errors:
@@ -144,6 +157,8 @@ class Sweeper:
         try:
             self._reap_dead_workers(report)
             self._settle_stuck_rows(report)
+            self._cancel_expired(report)
+            self._reconcile(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
             if purge_sent_older_than is not None:
@@ -280,6 +295,49 @@ class Sweeper:
                     len(result.changed),
                     result.changed[:20],
                 )
+
+    # -- settlement by the reconcilers ------------------------------------------
+
+    def _reconcile(self, report: SweepReport) -> None:
+        result = reconcile.reconcile(self.queue, self.policy)
+        report.reconciled_sent += result.sent
+        report.reconciled_requeued += result.requeued
+        report.errors += result.errors
+        self._keep_lease()
+
+    # -- 2b. expired rows ------------------------------------------------------------
+
+    def _cancel_expired(self, report: SweepReport) -> None:
+        """Cancel queued rows past their ``expires_at``: at most BATCH per pass.
+
+        One conditional UPDATE (still queued, still expired) with an Attempt
+        row each; a worker that claims such a row meanwhile finds it expired
+        in its own claim UPDATE, so either way it is never sent. Their ids
+        left in Redis are dropped by the claim that finds them not queued.
+        """
+        now = from_timestamp(self.queue.time())
+        expired = Q(expires_at__lte=now)
+        ids = list(
+            Delivery.objects.queued()
+            .filter(expired)
+            .order_by("expires_at")
+            .values_list("pk", flat=True)[:BATCH]
+        )
+        if not ids:
+            return
+        error = f"expired: not sent before its expires_at; cancelled by the {ACTOR}"
+        result = operations.transition(
+            ids,
+            allowed=[Status.QUEUED],
+            to=Status.CANCELLED,
+            outcome=Outcome.CANCELLED,
+            actor=ACTOR,
+            now=now,
+            error=error,
+            condition=expired,
+            updates={"last_error": error},
+        )
+        report.expired += len(result.changed)
 
     # -- 3. the Redis mirror --------------------------------------------------------
 

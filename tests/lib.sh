@@ -75,8 +75,10 @@ apt_install() {
   rm -f "$out"
 }
 
+# redis-server, and redis-cli (the Cluster tests run `redis-cli --cluster create`); the
+# Debian package brings both (redis-cli through redis-tools), and sentinel mode too.
 ensure_redis_server() {
-  command -v redis-server >/dev/null 2>&1 || apt_install redis-server
+  { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || apt_install redis-server
 }
 
 # faketime (Debian package faketime): tests that move a worker's clock need it.

@@ -12,6 +12,7 @@ database names:
 - OUTBOX_TEST_SQLITE_DIR: the folder of the SQLite databases
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
+- OUTBOX_TEST_REDIS_TOPOLOGY: a Sentinel or Cluster instead (tests/topologies.py)
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
   where a worker subprocess delivers (see "Email" below)
@@ -44,6 +45,8 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "outbox",
+    # The ESP event hook (tests/test_esp_events.py) is fed by anymail's own webhook view.
+    "anymail",
 ]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -55,6 +58,8 @@ MIDDLEWARE = [
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
+        # Email templates of tests/test_templates.py (outbox_test/...).
+        "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -105,6 +110,11 @@ CACHES = {
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
     }
 }
+
+if os.environ.get("OUTBOX_TEST_REDIS_TOPOLOGY"):
+    from tests.topologies import cache_from_env
+
+    CACHES["default"] = cache_from_env(os.environ["OUTBOX_TEST_REDIS_TOPOLOGY"])
 
 OUTBOX = {
     "HEARTBEAT_INTERVAL": float(os.environ.get("OUTBOX_TEST_HEARTBEAT_INTERVAL", "0.5")),
@@ -163,4 +173,11 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
+}
+
+# anymail's Mailgun tracking webhook (tests/test_esp_events.py): the requests
+# are signed with this key and carry this basic-auth secret, as Mailgun's would.
+ANYMAIL = {
+    "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",
+    "WEBHOOK_SECRET": "tests:only-webhook-secret",
 }

@@ -230,3 +230,61 @@ def test_django_check_starts_without_warnings(module, tmp_path):
         check=True,
     )
     assert version.stdout.strip() == django.get_version()  # the Django of this cell
+
+
+# -- Redis Cluster and Sentinel caches (outbox.E018, E019) -----------------------------
+
+CLUSTER = {
+    "BACKEND": "django_redis.cache.RedisCache",
+    "LOCATION": ["redis://127.0.0.1:7000", "redis://127.0.0.1:7001"],
+    "OPTIONS": {"CLIENT_CLASS": "outbox.redis_cluster.ClusterClient"},
+}
+SENTINEL = {
+    "BACKEND": "django_redis.cache.RedisCache",
+    "LOCATION": "redis://mymaster/0",
+    "OPTIONS": {
+        "CLIENT_CLASS": "django_redis.client.SentinelClient",
+        "CONNECTION_FACTORY": "django_redis.pool.SentinelConnectionFactory",
+        "SENTINELS": [("127.0.0.1", 26379)],
+    },
+}
+
+
+def test_a_cluster_cache_passes(settings):
+    settings.CACHES = {**settings.CACHES, "default": CLUSTER}
+    assert check_outbox_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("location", "fragment"),
+    [
+        (["redis://127.0.0.1:7000/2"], "database 0"),
+        (["unix:///run/redis.sock"], "redis://host:port"),
+        ("redis://127.0.0.1:7000,127.0.0.1:7001", "redis://host:port"),
+        ([], "names no node"),
+    ],
+)
+def test_e018_cluster_location(settings, location, fragment):
+    settings.CACHES = {**settings.CACHES, "default": {**CLUSTER, "LOCATION": location}}
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E018" and fragment in error.msg
+
+
+def test_a_sentinel_cache_passes(settings):
+    settings.CACHES = {**settings.CACHES, "default": SENTINEL}
+    assert check_outbox_settings() == []
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"CONNECTION_FACTORY": None}, "SentinelConnectionFactory"),
+        ({"SENTINELS": None}, "(host, port)"),
+        ({"SENTINELS": ["127.0.0.1:26379"]}, "(host, port)"),
+    ],
+)
+def test_e019_sentinel_options(settings, options, fragment):
+    merged = {k: v for k, v in {**SENTINEL["OPTIONS"], **options}.items() if v is not None}
+    settings.CACHES = {**settings.CACHES, "default": {**SENTINEL, "OPTIONS": merged}}
+    [error] = check_outbox_settings()
+    assert error.id == "outbox.E019" and fragment in error.msg

@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 from django.core.management import CommandError, call_command
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox import enqueue_email
@@ -100,9 +102,10 @@ def test_json_reports_the_known_state(known_state):
     assert 590 <= workers["w2"]["heartbeat_age"] <= 700
     assert redis["dead_workers"] == []
 
+    assert db["estimated"] == []  # a small table is counted, on every database
     assert report["agreement"] == {
-        "ready": {"agrees": True, "missing": 0, "stale": 0},
-        "scheduled": {"agrees": True, "missing": 0, "stale": 0},
+        "ready": {"agrees": True, "missing": 0, "stale": 0, "database": 2, "redis": 2},
+        "scheduled": {"agrees": True, "missing": 0, "stale": 0, "database": 1, "redis": 1},
     }
 
 
@@ -113,8 +116,20 @@ def test_disagreement_is_counted(known_state, queue):
     queue.push([QueueEntry(sent.pk, "normal", time.time())])
     queue.redis.zadd(queue.scheduled_key, {f"{known_state['done'][2].pk}:2": time.time() + 60})
     agreement = status_json()["agreement"]
-    assert agreement["ready"] == {"agrees": False, "missing": 2, "stale": 1}
-    assert agreement["scheduled"] == {"agrees": False, "missing": 0, "stale": 1}
+    assert agreement["ready"] == {
+        "agrees": False,
+        "missing": 2,
+        "stale": 1,
+        "database": 2,
+        "redis": 1,
+    }
+    assert agreement["scheduled"] == {
+        "agrees": False,
+        "missing": 0,
+        "stale": 1,
+        "database": 1,
+        "redis": 2,
+    }
 
 
 def test_a_row_due_but_still_in_the_schedule_is_not_missing(queue):
@@ -146,13 +161,98 @@ def test_empty_outbox():
     assert report["redis"]["workers"] == []
 
 
-def test_too_many_ids_are_not_compared(known_state, monkeypatch):
-    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 1)
-    assert COMPARE_LIMIT > 1
-    report = collect()
+def test_too_many_ids_are_not_compared(known_state, monkeypatch, queue):
+    with CaptureQueriesContext(connection) as captured:
+        assert collect()["agreement"]["ready"]["agrees"] is True
+    assert any("is_due" in q["sql"] for q in captured.captured_queries)  # ids compared
+    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 2)
+    assert COMPARE_LIMIT > 2
+    # 3 queued rows: over the limit; only the counts are read, on both sides.
+    queue.redis.delete(queue.ready_key("normal"))
+    with CaptureQueriesContext(connection) as captured:
+        report = collect()
+    # The query of every queued id (with whether it is due) is not run.
+    assert not any("is_due" in q["sql"] for q in captured.captured_queries)
     not_compared = {"agrees": None, "missing": None, "stale": None}
-    assert report["agreement"] == {"ready": not_compared, "scheduled": not_compared}
-    assert report["redis"]["ready"]["normal"] == 2
+    assert report["agreement"] == {
+        "ready": {**not_compared, "database": 2, "redis": 0},
+        "scheduled": {**not_compared, "database": 1, "redis": 1},
+    }
+    out = StringIO()
+    call_command("outbox_status", stdout=out)
+    assert "ready vs database: not compared id by id (over 2 ids); database 2, Redis 0" in (
+        out.getvalue()
+    )
+
+
+def test_redis_ids_over_the_limit_are_not_read(known_state, monkeypatch, queue):
+    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 3)
+    # The database holds 3 queued rows (not over); Redis holds 4 ids.
+    queue.redis.zadd(queue.scheduled_key, {"999999:2": time.time() + 60})
+    report = collect()
+    assert report["agreement"]["scheduled"] == {
+        "agrees": None,
+        "missing": None,
+        "stale": None,
+        "database": 1,
+        "redis": 2,
+    }
+
+
+def make_rows(status: str, n: int) -> None:
+    rows = enqueue_email(status, "b", None, [f"{status}{i}@example.com" for i in range(n)])
+    if status != "queued":
+        Delivery.objects.filter(pk__in=[r.pk for r in rows]).update(
+            status=status, sent_at=timezone.now() if status == "sent" else None
+        )
+
+
+def test_sent_is_estimated_on_postgresql_and_counted_elsewhere(monkeypatch, queue):
+    """Above ESTIMATE_ABOVE sent rows PostgreSQL reports the planner's estimate, marked as one;
+    SQLite counts. The others are counted everywhere."""
+    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 20)
+    make_rows("sent", 30)
+    make_rows("failed", 2)
+    make_rows("queued", 3)
+    with connection.cursor() as cursor:
+        # Fresh statistics: the estimate of a small, just analysed table is its size.
+        cursor.execute("ANALYZE outbox_delivery")
+    db = collect()["database"]
+    assert db["by_status"] == counts(queued=3, sent=30, failed=2)
+    out = StringIO()
+    call_command("outbox_status", stdout=out)
+    sent_line = next(line for line in out.getvalue().splitlines() if line.startswith("sent"))
+    if connection.vendor == "postgresql":
+        assert db["estimated"] == ["sent"]
+        assert all(db["by_priority"][p]["sent"] is None for p in ("high", "normal", "low"))
+        assert sent_line.split() == ["sent", "-", "-", "-", "≈30"]
+        assert "≈ PostgreSQL's estimate, not a count" in out.getvalue()
+    else:
+        assert db["estimated"] == []
+        assert db["by_priority"]["normal"]["sent"] == 30
+        assert sent_line.split() == ["sent", "0", "30", "0", "30"]
+        assert "≈" not in out.getvalue()
+    assert db["by_priority"]["normal"]["failed"] == 2  # exact everywhere
+
+    # Delete 10 sent rows. The table keeps its pages until a VACUUM, and its
+    # statistics until an ANALYZE: the estimate does not move, the count does.
+    Delivery.objects.filter(
+        pk__in=Delivery.objects.filter(status="sent").values("pk")[:10]
+    ).delete()
+    Delivery.objects.filter(status="failed").delete()
+    db = collect()["database"]
+    assert db["by_status"]["failed"] == 0  # counted
+    assert db["by_status"]["sent"] == (32 if connection.vendor == "postgresql" else 20)
+
+
+def test_below_the_threshold_postgresql_counts_too(monkeypatch):
+    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 31)
+    make_rows("sent", 30)
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE outbox_delivery")
+    db = collect()["database"]
+    assert db["estimated"] == [] and db["by_status"]["sent"] == 30
+    assert db["by_priority"]["normal"]["sent"] == 30
 
 
 def test_redis_down(known_state, settings):

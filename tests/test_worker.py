@@ -381,14 +381,22 @@ def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     assert queue.push([QueueEntry(claimed[0].id, "normal", 0)]) == 0  # already back
 
 
-def test_the_step_statement_is_prepared_only_when_django_allows_it():
-    """Prepared statements follow the project's OPTIONS["prepare_threshold"]."""
+@pytest.mark.parametrize(
+    ("functions", "pattern"), [(True, "%outbox_step(%"), (False, "%claimed AS%")]
+)
+def test_the_step_statement_is_prepared_only_when_django_allows_it(functions, pattern, settings):
+    """Prepared statements follow the project's OPTIONS["prepare_threshold"].
+
+    Both ways of writing the step: the PL/pgSQL function's call, and the plain
+    statement (``POSTGRESQL_FUNCTIONS`` False).
+    """
     from django.db import connection
 
     from outbox.worker.sql import step_postgresql as _step_postgresql
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite has no server-side prepared statements")
+    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
     first, second = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     connection.ensure_connection()
     raw = connection.connection
@@ -398,7 +406,7 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it():
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                ["%claimed AS%"],
+                [pattern],
             )
             return cursor.fetchone()[0]
 

@@ -9,4 +9,6 @@ urlpatterns = [
     path("accounts/", include("django.contrib.auth.urls")),
     # The Prometheus metrics (tests/test_metrics.py).
     path("outbox/", include("outbox.urls")),
+    # anymail's webhooks: the ESP event hook (tests/test_esp_events.py).
+    path("anymail/", include("anymail.urls")),
 ]

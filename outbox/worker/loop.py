@@ -18,6 +18,7 @@ import logging
 import time
 import uuid
 from collections import deque
+from contextlib import nullcontext
 from typing import TYPE_CHECKING
 
 from django.core.mail.backends.base import BaseEmailBackend
@@ -203,22 +204,29 @@ class SenderLoop:
     ) -> tuple[int, sql.ClaimedRow | None]:
         """Step 4 of the previous message and step 2 of the next, in one transaction.
 
-        On PostgreSQL the common case (no outcome, or a success) is a single
-        statement run in autocommit, which PostgreSQL executes atomically: one
-        round trip and one commit per email. Raises DatabaseError when the
-        database is away; the caller retries with the same outcome and token.
+        The common case (no outcome, or a success) has a fast path per
+        database: on PostgreSQL one statement in autocommit, which PostgreSQL
+        runs atomically (one round trip, one commit per email); on SQLite two
+        statements in one transaction on the DB-API connection. Any other
+        outcome takes Django's atomic(). Raises DatabaseError when the database
+        is away; the caller retries with the same outcome and token.
         """
         s = self.settlement
         now = self.worker.clock.now()
         worker_id = self.worker.worker_id
-        if connection.vendor == "postgresql" and (s is None or s.outcome == Outcome.SENT):
+        vendor = connection.vendor
+        # SQLite: see Worker.sqlite_write_lock.
+        one_writer = self.worker.sqlite_write_lock if vendor == "sqlite" else nullcontext()
+        if vendor in ("postgresql", "sqlite") and (s is None or s.outcome == Outcome.SENT):
             settle = (s.delivery.pk, s.started.token) if s is not None else None
             known = self.worker.emails.recent()
-            changed, claimed = sql.step_postgresql(settle, item.id, worker_id, token, now, known)
+            step = sql.step_postgresql if vendor == "postgresql" else sql.step_sqlite
+            with one_writer:
+                changed, claimed = step(settle, item.id, worker_id, token, now, known)
             if s is not None and not changed:
                 changed = sent_but_not_ours(s, now)
             return changed, claimed
-        with transaction.atomic():
+        with one_writer, transaction.atomic():
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, worker_id, token, now)
 
@@ -244,6 +252,11 @@ class SenderLoop:
                 return None
             # Our earlier UPDATE committed; its reply was lost.
             claimed = sql.ClaimedRow(owned, None, False)
+        if claimed.expired:
+            # The claim UPDATE found it past its expires_at and cancelled it.
+            logger.info("delivery %s expired before it was sent; cancelled", item.id)
+            self.worker.stats.add("skipped")
+            return None
         delivery = claimed.delivery
         if claimed.email is not None:
             email, attachments = self._remember(claimed.email, claimed.has_attachments)

@@ -28,7 +28,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, transaction
@@ -38,6 +38,7 @@ from ..conf import outbox_settings
 from ..failures import FailureKind, classify
 from ..models import Attachment, Attempt, Delivery, Email
 from ..queue import QueueEntry
+from ..suppression import add_refused, refused_recipients
 from .sql import mark_sent
 
 logger = logging.getLogger("outbox.worker")
@@ -71,6 +72,9 @@ class Settlement:
     error: str = ""
     retry_at: datetime | None = None
     permanent: bool = False
+    # Recipients the server refused for good (5xx at RCPT): suppressed with
+    # the outcome when OUTBOX["SUPPRESS_ON_REFUSAL"] is on.
+    refused: list[str] = field(default_factory=list)
 
     @property
     def delivery(self) -> Delivery:
@@ -94,7 +98,8 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
             return Settlement(started, Outcome.AMBIGUOUS, error)
     permanent = kind is FailureKind.PERMANENT
     if permanent or delivery.attempts >= delivery.max_attempts:
-        return Settlement(started, Outcome.FAILED, error, permanent=permanent)
+        refused = refused_recipients(exc) if outbox_settings.SUPPRESS_ON_REFUSAL else []
+        return Settlement(started, Outcome.FAILED, error, permanent=permanent, refused=refused)
     base, cap = outbox_settings.RETRY_BACKOFF
     delay = backoff_delay(delivery.attempts, base, cap)
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
@@ -142,6 +147,9 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         changed = 1
     else:
         log_attempt(s, now)
+    if s.refused:
+        # In the outcome's transaction; an address already listed stays as it is.
+        add_refused(s.refused, s.error)
     if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
         due = s.retry_at or now
         entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())

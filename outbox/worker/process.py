@@ -90,6 +90,12 @@ class Worker:
         self.crashed = False
         self._handled = 0
         self._lock = threading.Lock()
+        # SQLite has one writer at a time, and a thread that finds the file
+        # locked sleeps in SQLite's busy handler (1 ms, 2 ms, 5 ms, ...). The
+        # sender threads take this lock around their write transaction instead,
+        # so the next one starts the moment a commit ends, while the others
+        # build and send messages. Other processes still meet the busy handler.
+        self.sqlite_write_lock = threading.Lock()
         self._sigint_count = 0
 
     @property

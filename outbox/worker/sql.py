@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 from django.db import connection
 from django.db.models.functions import Now
 
+from ..conf import outbox_settings
 from ..db import binding_cursor
 from ..models import Attachment, Delivery, Email
 
@@ -52,12 +53,19 @@ WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
     AND claim_token = %(settle_token)s
 """
 
+# A row whose ``expires_at`` has passed is claimed into ``cancelled`` instead
+# of ``processing`` (the same one conditional UPDATE, by the same clock as the
+# due test), without counting an attempt; its status, last in RETURNING, tells
+# the loop to drop it unsent.
 _CLAIM_SQL = """
-UPDATE {delivery} SET status = %(processing)s, worker_id = %(worker)s,
+UPDATE {delivery} SET
+    status = CASE WHEN expires_at <= {db_now} THEN %(cancelled)s ELSE %(processing)s END,
+    last_error = CASE WHEN expires_at <= {db_now} THEN %(expired)s ELSE last_error END,
+    worker_id = %(worker)s,
     claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-    attempts = attempts + 1
+    attempts = attempts + CASE WHEN expires_at <= {db_now} THEN 0 ELSE 1 END
 WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= {db_now}
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
 """
 
 # PostgreSQL: the success of the previous message (if any), the claim of the
@@ -74,10 +82,34 @@ _STEP_SQL_POSTGRESQL = (
 SELECT (SELECT count(*) FROM settled),
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
     e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
-    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
+    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id),
+    c.status
 FROM (VALUES (1)) AS one
 LEFT JOIN claimed c ON true
 LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
+"""
+)
+
+# The same step through the PL/pgSQL function of outbox/plpgsql.py, whose
+# statements keep their plans for the life of the connection: at Django's
+# defaults this saves the planning the statement above pays on every call.
+# Same parameters, same row.
+_STEP_CALL_POSTGRESQL = """
+SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
+    %(now)s, %(known)s, %(expired)s)
+"""
+
+# SQLite: the claim returns the email's content too, as one JSON array built by
+# a subquery (SQLite has no data-modifying CTE), unless the worker has it cached.
+# The attachments test is inside it, so the whole step is two statements.
+_CLAIM_SQL_SQLITE = (
+    _CLAIM_SQL.rstrip()
+    + """,
+    CASE WHEN email_id = %(known)s THEN NULL ELSE (
+        SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
+            json(e.headers), EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id))
+        FROM {email} e WHERE e.id = email_id
+    ) END
 """
 )
 
@@ -92,6 +124,11 @@ class ClaimedRow(NamedTuple):
     delivery: Delivery
     email: Email | None  # None: not read with the claim (cached, or SQLite)
     has_attachments: bool
+    expired: bool = False  # claimed into `cancelled`: drop it, never send it
+
+
+# The last_error of a row the claim found expired.
+EXPIRED_ERROR = "expired: not sent before its expires_at; cancelled at claim"
 
 
 def sql_text(template: str) -> str:
@@ -126,6 +163,8 @@ def _params(
         "sent": Status.SENT,
         "processing": Status.PROCESSING,
         "queued": Status.QUEUED,
+        "cancelled": Status.CANCELLED,
+        "expired": EXPIRED_ERROR,
         "now": connection.ops.adapt_datetimefield_value(now),
         "settle_id": settle_id,
         "settle_token": claim_token.get_db_prep_value(settle_token, connection),
@@ -182,12 +221,13 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
         row = cursor.fetchone()
     if row is None:
         return None
-    return ClaimedRow(_delivery(pk, worker_id, token, now, row), None, False)
+    expired = row[6] == Status.CANCELLED
+    return ClaimedRow(_delivery(pk, worker_id, token, now, row[:6]), None, False, expired)
 
 
 def step_postgresql(
     settle: tuple[int, uuid.UUID] | None,
-    claim_id: int,
+    claim_id: int | None,
     worker_id: str,
     token: uuid.UUID,
     now: datetime,
@@ -198,9 +238,12 @@ def step_postgresql(
     Returns how many rows the success UPDATE changed and the claimed row (with
     its email's content unless it is ``known_email``), or None.
     """
+    statement = (
+        _STEP_CALL_POSTGRESQL if outbox_settings.POSTGRESQL_FUNCTIONS else _STEP_SQL_POSTGRESQL
+    )
     with binding_cursor(connection) as cursor:
         cursor.execute(
-            sql_text(_STEP_SQL_POSTGRESQL),
+            sql_text(statement),
             _params(
                 now,
                 settle_id=settle[0] if settle is not None else None,
@@ -216,10 +259,75 @@ def step_postgresql(
     settled = int(row[0])
     if row[1] is None:
         return settled, None
+    assert claim_id is not None  # a claimed row came back
     delivery = _delivery(claim_id, worker_id, token, now, row[1:7])
-    if row[7] is None:
-        return settled, ClaimedRow(delivery, None, False)
+    expired = row[14] == Status.CANCELLED
+    if row[7] is None or expired:
+        return settled, ClaimedRow(delivery, None, False, expired)
     return settled, ClaimedRow(delivery, _email_from(row[1], row[7:13]), bool(row[13]))
+
+
+def step_sqlite(
+    settle: tuple[int, uuid.UUID] | None,
+    claim_id: int | None,
+    worker_id: str,
+    token: uuid.UUID,
+    now: datetime,
+    known_email: int,
+) -> tuple[int, ClaimedRow | None]:
+    """Record a success and claim the next row in one transaction (SQLite).
+
+    The same contract as :func:`step_postgresql`. It runs on the DB-API
+    connection with its own BEGIN IMMEDIATE ... COMMIT: Django's atomic() and
+    cursor wrappers cost more Python than the two statements, and this is the
+    only write of a delivered email. Errors still surface as Django's
+    DatabaseError, and a failed transaction is rolled back whole.
+    """
+    params = _params(
+        now,
+        settle_id=settle[0] if settle is not None else None,
+        settle_token=settle[1] if settle is not None else None,
+        claim_id=claim_id,
+        worker=worker_id,
+        token=token,
+        known=known_email,
+    )
+    connection.ensure_connection()
+    raw = connection.connection
+    settled, row = 0, None
+    with connection.wrap_database_errors:
+        cursor = raw.cursor()
+        cursor.execute("BEGIN IMMEDIATE")
+        try:
+            if settle is not None:
+                cursor.execute(_sqlite_text(_SENT_SQL), params)
+                settled = cursor.rowcount
+            if claim_id is not None:
+                cursor.execute(_sqlite_text(_CLAIM_SQL_SQLITE), params)
+                row = cursor.fetchone()
+            cursor.execute("COMMIT")
+        except BaseException:
+            if raw.in_transaction:
+                raw.rollback()
+            raise
+        finally:
+            cursor.close()
+    if row is None:
+        return settled, None
+    assert claim_id is not None
+    delivery = _delivery(claim_id, worker_id, token, now, row[:6])
+    expired = row[6] == Status.CANCELLED
+    if row[7] is None or expired:
+        return settled, ClaimedRow(delivery, None, False, expired)
+    content = json.loads(row[7])
+    return settled, ClaimedRow(delivery, _email_from(row[0], content[:6]), bool(content[6]))
+
+
+@functools.cache
+def _sqlite_text(template: str) -> str:
+    # The DB-API's own placeholders (:name), as Django's SQLite cursor would write them.
+    names = _params(datetime(2000, 1, 1)).keys()
+    return _sql_for_vendor(template, "sqlite") % {name: f":{name}" for name in names}
 
 
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:

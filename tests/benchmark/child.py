@@ -4,7 +4,8 @@ The parent (run.py) runs ``--child`` once per database. Each measurement starts
 from empty tables (TRUNCATE, or DELETE on SQLite) and an empty Redis database;
 the reported time is the median of --repeat runs. The parts: enqueue, delivery
 with the no-op backend and over SMTP, per-email counts and a profile of our
-worker (instruments.py), and the scale check (scale.py, PostgreSQL only).
+worker (instruments.py), the scale check (scale.py) and the dashboard at a
+million rows (dashboard.py), both PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from tests.benchmark.bulk import BulkMixin
 from tests.benchmark.common import (
     BENCH,
     PREPARED,
@@ -34,6 +36,7 @@ from tests.benchmark.common import (
     rcpt,
     run_timed,
 )
+from tests.benchmark.dashboard import DashboardMixin
 from tests.benchmark.instruments import Instruments, profile_table
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.systems import SYSTEMS
@@ -54,7 +57,7 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin):
+class Child(ScaleMixin, DashboardMixin, BulkMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -92,6 +95,10 @@ class Child(ScaleMixin):
             self.bench_profile()
         if self.want("scale") and self.vendor == "postgresql":
             self.bench_scale()
+        if self.want("dashboard") and self.vendor == "postgresql":
+            self.bench_dashboard()
+        if self.want("bulk") and self.vendor == "postgresql":
+            self.bench_bulk()
 
     # -- helpers ------------------------------------------------------------
 

@@ -24,6 +24,7 @@ from typing import Any
 from tests.benchmark.common import ROOT
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
+_OUTBOX_FUNCTION = re.compile(r"\boutbox_(step|enqueue)\(")
 
 
 def profile_table(
@@ -76,6 +77,9 @@ class Instruments:
         if kind == "WITH":
             # A CTE statement writes if any of its parts does (the worker's step).
             kind = "WITH (write)" if _WRITES.search(sql) else "WITH (read)"
+        elif kind == "SELECT" and _OUTBOX_FUNCTION.search(sql):
+            # The PL/pgSQL step and enqueue functions write (outbox/plpgsql.py).
+            kind = "FUNCTION (write)"
         in_tx = context["connection"].in_atomic_block
         start = time.perf_counter()
         try:
@@ -197,7 +201,7 @@ class Instruments:
         auto_writes = sum(
             v
             for k, v in self.autocommit.items()
-            if k in ("INSERT", "UPDATE", "DELETE", "WITH (write)")
+            if k in ("INSERT", "UPDATE", "DELETE", "WITH (write)", "FUNCTION (write)")
         )
         auto_reads = sum(self.autocommit.values()) - auto_writes
         out: dict[str, Any] = {

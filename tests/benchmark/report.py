@@ -1,4 +1,4 @@
-"""The benchmark's report: the results table, the targets of issue 6 and their verdicts.
+"""The benchmark's report: the results table next to the previous run's, and the targets.
 
 ``build_report`` writes the Markdown of ``results/latest.md``: machine and
 parameters, one results line per scenario, database and configuration (with
@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 import platform
+import re
 import subprocess
 from datetime import datetime, timezone
 from importlib import metadata
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 from tests.benchmark.common import Row
+from tests.benchmark.dashboard_report import dashboard_section
+from tests.benchmark.targets import evaluate_targets
 
 
 def machine_info(children: dict[str, dict[str, Any]]) -> dict[str, str]:
@@ -53,18 +56,43 @@ def fmt_rate(x: float) -> str:
     return "-" if x != x else f"{x:,.0f}"
 
 
-def results_table(rows: list[Row], params: dict[str, Any]) -> str:
-    """The results: one line per scenario, database and system configuration."""
+Key = tuple[str, str, str, str]  # scenario, db, system, configuration
+
+
+def previous_rates(path: Path) -> dict[Key, float]:
+    """The emails/s of each results line of an earlier report (its Markdown table)."""
+    rates: dict[Key, float] = {}
+    if not path.exists():
+        return rates
+    for line in path.read_text().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 7 or cells[0] in ("scenario", "---") or cells[0].startswith("-"):
+            continue
+        config = re.sub(r" \(delivered .*\)$", "", cells[3])
+        with contextlib.suppress(ValueError):
+            rates[(cells[0], cells[1], cells[2], config)] = float(cells[6].replace(",", ""))
+    return rates
+
+
+def results_table(rows: list[Row], params: dict[str, Any], previous: dict[Key, float]) -> str:
+    """The results: one line per scenario, database and system configuration.
+
+    ``previous`` is the earlier report's figure for the same line, where it had one.
+    """
     titles = {
         "enqueue-bulk": "Enqueue: one call, many recipients",
         "enqueue-single": "Enqueue: one-recipient calls",
         "deliver-noop": "Delivery, no-op backend (dummy EmailBackend)",
         "deliver-smtp": f"Delivery to loopback SMTP, {params['smtp_delay'] * 1000:.0f} ms per message",
         "scale": "Scale: our delivery rate vs rows already in the Delivery table (PostgreSQL)",
+        "bulk": "Personalised template emails, one call (PostgreSQL)",
     }
     out: list[str] = []
-    out.append("| scenario | db | system | configuration | emails | median s | emails/s | x ours |")
-    out.append("|---|---|---|---|---:|---:|---:|---:|")
+    out.append(
+        "| scenario | db | system | configuration | emails | median s | emails/s | x ours "
+        "| previous emails/s |"
+    )
+    out.append("|---|---|---|---|---:|---:|---:|---:|---:|")
     for section in titles:
         for db in ("postgres", "sqlite"):
             group = [r for r in rows if r.section == section and r.db == db]
@@ -78,9 +106,11 @@ def results_table(rows: list[Row], params: dict[str, Any]) -> str:
             for r in group:
                 ratio = r.rate / ref if ref == ref and ref else float("nan")
                 note = f" ({r.note})" if r.note else ""
+                before = previous.get((section, db, r.system, r.config), float("nan"))
                 out.append(
                     f"| {section} | {db} | {r.system} | {r.config}{note} | {r.n:,} | {r.median:.3f} "
-                    f"| {fmt_rate(r.rate)} | {'-' if ratio != ratio else f'{ratio:.2f}'} |"
+                    f"| {fmt_rate(r.rate)} | {'-' if ratio != ratio else f'{ratio:.2f}'} "
+                    f"| {fmt_rate(before)} |"
                 )
     table = "\n".join(out)
     return table
@@ -91,11 +121,17 @@ def build_report(
     children: dict[str, dict[str, Any]],
     info: dict[str, str],
     params: dict[str, Any],
+    previous_report: Path,
 ) -> tuple[str, list[tuple[str, str, str]]]:
-    """The Markdown report (results/latest.md) and the targets' verdicts."""
-    table = results_table(rows, params)
+    """The Markdown report (results/latest.md) and the targets' verdicts.
 
-    targets = evaluate_targets(rows, children)
+    ``previous_report`` is the report this one replaces: its figures are
+    shown next to the new ones, in the results and in the targets.
+    """
+    previous = previous_rates(previous_report)
+    table = results_table(rows, params, previous)
+
+    targets = evaluate_targets(rows, children, previous)
     md: list[str] = ["# Email outbox benchmark", ""]
     md.append(
         "Produced by `tests/benchmark/run.sh` (tests/benchmark/run.py). Rates are emails per second, median of "
@@ -119,6 +155,11 @@ def build_report(
     md.append("")
     md.append("## Targets")
     md.append("")
+    md.append(
+        f"Previous figures are from the report this run replaced ({previous_report.name}, "
+        "same machine kind), where it had the same line."
+    )
+    md.append("")
     md.append("| target | measured | verdict |")
     md.append("|---|---|---|")
     for name, measured, verdict in targets:
@@ -128,6 +169,7 @@ def build_report(
         md += counts_section(db, data["extra"].get("counts"))
         md += scale_section(db, data["extra"].get("scale"))
         md += profile_section(db, data["extra"].get("profile"))
+        md += dashboard_section(db, data["extra"].get("dashboard"))
     return "\n".join(md) + "\n", targets
 
 
@@ -198,163 +240,3 @@ def profile_section(db: str, prof: Any) -> list[str]:
     md.append("```")
     md.append("")
     return md
-
-
-def get(
-    rows: list[Row], section: str, system: str, db: str = "postgres", config: str | None = None
-) -> list[Row]:
-    return [
-        r
-        for r in rows
-        if r.section == section
-        and r.system == system
-        and r.db == db
-        and (config is None or config in r.config)
-    ]
-
-
-def verdict(ok: bool | None) -> str:
-    return "n/a" if ok is None else ("met" if ok else "NOT MET")
-
-
-Target = tuple[str, str, str]  # target, measured, verdict
-
-
-def evaluate_targets(rows: list[Row], children: dict[str, dict[str, Any]]) -> list[Target]:
-    """The targets of issue 6, each with what was measured and a verdict."""
-    return [
-        *noop_targets(rows),
-        *smtp_target(rows),
-        *enqueue_targets(rows),
-        *counts_targets(children),
-        *scale_target(rows, children),
-    ]
-
-
-def noop_targets(rows: list[Row]) -> list[Target]:
-    """No-op delivery against post_office and django-mailer (PostgreSQL)."""
-    out: list[Target] = []
-    ours = get(rows, "deliver-noop", "outbox")
-    po = get(rows, "deliver-noop", "post_office")
-    ml = get(rows, "deliver-noop", "mailer")
-    if ours and po and ml:
-        best = max(ours, key=lambda r: r.rate)
-        r_po, r_ml = best.rate / po[0].rate, best.rate / ml[0].rate
-        out.append(
-            (
-                "no-op delivery (PG): best ours >= 1.0x post_office",
-                f"{best.config}: {best.rate:,.0f}/s vs {po[0].rate:,.0f}/s = {r_po:.2f}x",
-                verdict(r_po >= 1.0),
-            )
-        )
-        out.append(
-            (
-                "no-op delivery (PG): best ours >= 3x django-mailer",
-                f"{best.rate:,.0f}/s vs {ml[0].rate:,.0f}/s = {r_ml:.2f}x",
-                verdict(r_ml >= 3.0),
-            )
-        )
-    return out
-
-
-def smtp_target(rows: list[Row]) -> list[Target]:
-    """Delivery over 20 ms SMTP at --concurrency 16 against post_office."""
-    out: list[Target] = []
-    ours16 = get(rows, "deliver-smtp", "outbox", config="--concurrency 16")
-    ours16 = [r for r in ours16 if not r.config.startswith("2 x")]
-    po = get(rows, "deliver-smtp", "post_office")
-    if ours16 and po:
-        best = max(ours16, key=lambda r: r.rate)
-        r = best.rate / po[0].rate
-        out.append(
-            (
-                "20 ms SMTP (PG): ours c16 >= 3x post_office",
-                f"{best.config}: {best.rate:,.0f}/s vs {po[0].rate:,.0f}/s = {r:.2f}x",
-                verdict(r >= 3.0),
-            )
-        )
-    return out
-
-
-def enqueue_targets(rows: list[Row]) -> list[Target]:
-    """Enqueueing: 10,000 recipients in one call, and one-recipient calls."""
-    out: list[Target] = []
-    ours = sorted(get(rows, "enqueue-bulk", "outbox"), key=lambda r: r.median)
-    po = get(rows, "enqueue-bulk", "post_office")
-    if ours:
-        fast = ours[0].median < 0.5 and ours[0].n >= 10_000
-        out.append(
-            (
-                "enqueue 10,000 recipients (PG) < 0.5 s",
-                f"{ours[0].config}: {ours[0].n:,} in {ours[0].median:.3f}s",
-                verdict(fast if ours[0].n >= 10_000 else None),
-            )
-        )
-    if ours and po:
-        r = ours[0].rate / po[0].rate
-        out.append(
-            (
-                "enqueue bulk (PG) >= 2x post_office send_many",
-                f"{ours[0].rate:,.0f}/s vs {po[0].rate:,.0f}/s = {r:.2f}x",
-                verdict(r >= 2.0),
-            )
-        )
-    ours = sorted(get(rows, "enqueue-single", "outbox"), key=lambda r: -r.rate)
-    po = get(rows, "enqueue-single", "post_office")
-    if ours and po:
-        r = ours[0].rate / po[0].rate
-        out.append(
-            (
-                "one-recipient calls (PG) >= post_office mail.send",
-                f"{ours[0].config}: {ours[0].rate:,.0f}/s vs {po[0].rate:,.0f}/s = {r:.2f}x",
-                verdict(r >= 1.0),
-            )
-        )
-    return out
-
-
-def counts_targets(children: dict[str, dict[str, Any]]) -> list[Target]:
-    """Commits and Redis round trips per delivered email (PostgreSQL)."""
-    out: list[Target] = []
-    counts = children.get("postgres", {}).get("extra", {}).get("counts")
-    if counts:
-        out.append(
-            (
-                "<= 2 commits per delivered email (PG)",
-                f"{counts['write_commits']:.2f} write commits; {counts['transactions']:.2f} "
-                f"transactions incl. read-only; pg xact_commit {counts.get('pg_xact_commit', 0):.2f}",
-                verdict(counts["write_commits"] <= 2.0 + 1e-9)
-                + (
-                    " (writes); NOT MET counting read-only transactions"
-                    if counts["transactions"] > 2.0 + 1e-9
-                    else ""
-                ),
-            )
-        )
-        out.append(
-            (
-                "<= 1 Redis round trip per delivered email",
-                f"{counts['redis_round_trips']:.3f} (client-side)",
-                verdict(counts["redis_round_trips"] <= 1.0),
-            )
-        )
-    return out
-
-
-def scale_target(rows: list[Row], children: dict[str, dict[str, Any]]) -> list[Target]:
-    """The delivery rate with a large history in the table."""
-    out: list[Target] = []
-    scale = get(rows, "scale", "outbox")
-    if len(scale) == 2:
-        small, big = scale
-        r = big.rate / small.rate
-        sizes = children["postgres"]["extra"]["scale"]
-        sweeps = ", ".join(f"{int(k):,}: {v['sweep_full_s']:.3f}s" for k, v in sizes.items())
-        out.append(
-            (
-                f"rate at {big.config.split(' rows')[0]} rows within 10% of {small.config.split(' rows')[0]}",
-                f"{big.rate:,.0f}/s vs {small.rate:,.0f}/s = {r:.2f}x; sweeper full pass {sweeps}",
-                verdict(r >= 0.9),
-            )
-        )
-    return out

@@ -67,7 +67,7 @@ def parent_main(args: argparse.Namespace) -> None:
     rows = [Row(**r) for db in children for r in children[db]["rows"]]
     info = machine_info(children)
     params = parameters(args, sizes, children, started)
-    report, _targets = build_report(rows, children, info, params)
+    report, _targets = build_report(rows, children, info, params, Path(args.previous))
     RESULTS.mkdir(parents=True, exist_ok=True)
     target_file = Path(args.output)
     target_file.write_text(report)
@@ -134,8 +134,10 @@ def parameters(
         "SMTP drain emails": sizes.drain_smtp,
         "smtp_delay": sizes.smtp_delay,
         "per-email count drain": sizes.counts,
+        "bulk template emails (enqueue_many)": sizes.bulk_templates,
         "scale history rows": " vs ".join(f"{s:,}" for s in sizes.scale_history),
         "scale drain": f"{sizes.scale_drain} emails, outbox_worker --concurrency {sizes.scale_concurrency}",
+        "dashboard rows": f"{sizes.dashboard_rows:,}",
         "OUTBOX settings": "defaults (CLAIM_BATCH 10) + EMAIL_BACKEND",
         "Django DATABASES": "defaults (CONN_MAX_AGE 0, prepare_threshold None); rows marked "
         f"'{PREPARED}' set OPTIONS prepare_threshold=5 (PostgreSQL)",
@@ -158,6 +160,9 @@ def print_console(report: str, children: dict[str, dict[str, Any]], target_file:
     end = report.index("## Our worker") if "## Our worker" in report else len(report)
     print()
     print(report[start:end])
+    if "## The dashboard at" in report:
+        dash = report[report.index("## The dashboard at") :]
+        print(dash[: dash.index("### Plans")])
     for db, data in children.items():
         counts = data["extra"].get("counts")
         if counts:
@@ -183,9 +188,16 @@ def main() -> None:
         "--sqlite-repeat", type=int, default=None, help="runs per measurement on SQLite"
     )
     parser.add_argument(
-        "--only", default="", help="comma list of parts: enqueue,noop,smtp,counts,profile,scale"
+        "--only",
+        default="",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
+    parser.add_argument(
+        "--previous",
+        default=str(RESULTS / "latest.md"),
+        help="the earlier report whose figures are shown next to this run's",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--sizes", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)

@@ -20,17 +20,35 @@ DEFAULT_FROM_EMAIL = "bench@example.com"
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
+    # The admin, sessions and messages serve the dashboard part (dashboard.py).
+    "django.contrib.admin",
     "django.contrib.auth",
     "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
     "outbox",
     "post_office",
     "mailer",
 ]
+MIDDLEWARE = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+ROOT_URLCONF = "tests.benchmark.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
         "APP_DIRS": True,
-        "OPTIONS": {},
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ]
+        },
     }
 ]
 
@@ -88,7 +106,10 @@ else:
 
 # Every system delivers through the same backend.
 EMAIL_BACKEND = DELIVERY_BACKEND
-OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND}
+OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND, "METRICS_TOKEN": "bench-only-metrics-token"}
+if os.environ.get("BENCH_OUTBOX_PLAIN_SQL"):
+    # The worker's plain statement instead of the PL/pgSQL function (a comparison row).
+    OUTBOX["POSTGRESQL_FUNCTIONS"] = False
 MAILER_EMAIL_BACKEND = DELIVERY_BACKEND
 _tmp = os.environ.get("BENCH_TMP", tempfile.gettempdir())
 MAILER_LOCK_PATH = os.path.join(_tmp, "mailer_send")

@@ -60,23 +60,28 @@ def delivered() -> int:
     return Delivery.objects.filter(status="sent").count()
 
 
+# The worker configuration the README recommends on this benchmark's machine
+# (2 cores), per database: the targets are judged on these rows.
+DOCUMENTED = {
+    "postgres": "outbox_worker --processes 2 --concurrency 16",
+    "sqlite": "outbox_worker --concurrency 4",
+}
+
+
 def delivery_commands(
     sizes: Sizes, vendor: str
 ) -> list[tuple[str, list[list[str]], dict[str, str]]]:
     """(configuration, commands run at once, extra environment) per delivery row."""
-    py = [sys.executable, "-m", "django"]
-    c2 = sizes.two_proc_concurrency
-    out: list[tuple[str, list[list[str]], dict[str, str]]] = []
-    for c in (1, 4, 16):
-        argv = [*py, "outbox_worker", "--burst", "--concurrency", str(c)]
-        out.append((f"outbox_worker --concurrency {c}", [argv], {}))
-    argv2 = [*py, "outbox_worker", "--burst", "--concurrency", str(c2)]
+    worker = [sys.executable, "-m", "django", "outbox_worker", "--burst"]
+    configs = ["--concurrency 1", "--concurrency 4", "--concurrency 16"]
     if vendor == "postgresql":
-        argv = [*py, "outbox_worker", "--burst", "--concurrency", "16"]
-        out.append((f"outbox_worker --concurrency 16, {PREPARED}", [argv], PREPARED_ENV))
-        out.append(
-            (f"2 x outbox_worker --concurrency {c2}, {PREPARED}", [argv2, argv2], PREPARED_ENV)
-        )
+        configs += ["--processes 2 --concurrency 8", "--processes 2 --concurrency 16"]
     else:
-        out.append((f"2 x outbox_worker --concurrency {c2}", [argv2, argv2], {}))
+        configs += ["--processes 2 --concurrency 4"]
+    out: list[tuple[str, list[list[str]], dict[str, str]]] = [
+        (f"outbox_worker {c}", [[*worker, *c.split()]], {}) for c in configs
+    ]
+    if vendor == "postgresql":
+        for c in ("--concurrency 16", "--processes 2 --concurrency 16"):
+            out.append((f"outbox_worker {c}, {PREPARED}", [[*worker, *c.split()]], PREPARED_ENV))
     return out

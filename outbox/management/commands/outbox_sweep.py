@@ -16,7 +16,8 @@ from outbox.sweeper import Sweeper
 class Command(BaseCommand):
     help = (
         "One repair pass (or --loop): reap dead workers, settle rows stuck in processing "
-        "by ABANDONED_POLICY, re-mirror queued rows Redis lost, promote due scheduled ids. "
+        "by ABANDONED_POLICY, settle abandoned rows that OUTBOX['RECONCILERS'] can vouch for, "
+        "re-mirror queued rows Redis lost, promote due scheduled ids. "
         "Safe to run on every host at once."
     )
 

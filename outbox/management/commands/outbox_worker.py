@@ -12,6 +12,7 @@ import argparse
 import logging
 import sys
 import time
+from functools import partial
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
@@ -124,7 +125,8 @@ class Command(BaseCommand):
         argvs = [
             child_command(child_arguments(options, index)) for index in range(options["processes"])
         ]
-        code = Supervisor(argvs, burst=options["burst"]).run()
+        targets = [partial(_child_worker, options, index) for index in range(options["processes"])]
+        code = Supervisor(argvs, burst=options["burst"], targets=targets).run()
         if code:
             sys.exit(code)
 
@@ -137,6 +139,17 @@ class Command(BaseCommand):
                 logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s")
             )
             logger.addHandler(handler)
+
+
+def _child_worker(options: dict[str, Any], index: int) -> int:
+    """What a forked child of the supervisor runs: the worker its arguments describe."""
+    worker_id = options["worker_id"]
+    return Worker(
+        worker_id=child_worker_id(worker_id, index) if worker_id is not None else None,
+        concurrency=options["concurrency"],
+        burst=options["burst"],
+        summary_interval=options["summary_interval"],
+    ).run()
 
 
 def child_worker_id(worker_id: str, index: int) -> str:

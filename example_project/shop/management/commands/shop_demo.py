@@ -11,8 +11,8 @@ from django.core.management.base import BaseCommand, CommandParser
 from django.db import transaction
 from django.utils import timezone
 
-from outbox import enqueue_email
-from outbox.models import Delivery
+from outbox import enqueue_email, enqueue_many, enqueue_template, suppress
+from outbox.models import Delivery, EmailTemplate
 from outbox.queue import RedisQueue
 
 
@@ -65,13 +65,60 @@ class Command(BaseCommand):
         )
         self.stdout.write("   a newsletter scheduled for an hour from now")
 
-        self.stdout.write(self.style.MIGRATE_HEADING("2. A failed checkout rolls back"))
+        self.enqueue_templates()
+
+        self.stdout.write(self.style.MIGRATE_HEADING("3. A failed checkout rolls back"))
         try:
             with transaction.atomic():
                 enqueue_email("Your order #1002", "...", None, ["erin@example.com"])
                 raise RuntimeError("payment declined")
         except RuntimeError as exc:
             self.stdout.write(f"   {exc}: the rollback took its email with it, nothing was queued")
+
+    def enqueue_templates(self) -> None:
+        self.stdout.write(
+            self.style.MIGRATE_HEADING("2. Templates, bulk mail, expiry, suppression")
+        )
+        # English comes from files (shop/templates/shop/order_confirmation/), German
+        # from the database: an operator edits it in the admin, with a preview.
+        EmailTemplate.objects.update_or_create(
+            name="shop/order_confirmation",
+            language="de",
+            defaults={
+                "subject": "Ihre Bestellung #{{ order }}",
+                "text": "Hallo {{ name }},\n\ndanke für Ihre Bestellung #{{ order }}.\n",
+                "html": "<p>Hallo {{ name }},</p><p>danke für Ihre Bestellung #{{ order }}.</p>",
+                "description": "Order confirmation, German",
+                "sample_context": {"name": "Greta", "order": 1003},
+            },
+        )
+        context = {"name": "Frank", "order": 1003, "items": ["teapot", "2 cups"]}
+        enqueue_template("shop/order_confirmation", context, None, ["frank@example.com"])
+        context = {"name": "Greta", "order": 1004, "items": ["teapot"]}
+        enqueue_template(
+            "shop/order_confirmation", context, None, ["greta@example.com"], language="de"
+        )
+        self.stdout.write(
+            "   two order confirmations: English from files, German from the database"
+        )
+        suppress("bounced@example.com", "hard bounce", source="operator")
+        sale_ends = timezone.now() + timedelta(hours=6)
+        enqueue_many(
+            [
+                {
+                    "template": "shop/order_confirmation",
+                    "context": {"name": name, "order": 2000 + i, "items": ["a sale teapot"]},
+                    "recipient_list": [f"{name.lower()}@example.com"],
+                    "priority": "low",
+                    "expires_at": sale_ends,  # not sent by then: never sent
+                }
+                for i, name in enumerate(["Heidi", "Ivan", "Bounced"])
+            ]
+        )
+        self.stdout.write(
+            "   three personalised emails in one enqueue_many call, expiring in 6 hours;"
+            " bounced@example.com is suppressed, so its row is cancelled at once"
+        )
 
     def show_rows(self) -> None:
         self.stdout.write(self.style.MIGRATE_HEADING("Deliveries in the database (the truth)"))

@@ -1,0 +1,118 @@
+"""``PostfixLogReconciler``: settle abandoned rows from Postfix's own mail log."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+from pathlib import Path
+
+from django.utils import timezone
+
+from ..conf import outbox_settings
+from . import UNKNOWN, Answer, Question, Reconciler
+from .postfix_log import LogScan, scan
+
+logger = logging.getLogger("outbox.reconcile")
+
+
+class PostfixLogReconciler(Reconciler):
+    """Answers from Postfix's mail log (``OUTBOX["POSTFIX_LOG"]``, rotated copies too).
+
+    For projects that deliver through the local Postfix (``sendmail`` or SMTP
+    to localhost). For each abandoned row, by its Message-ID and recipient:
+
+    - A ``cleanup`` line names the Message-ID and a delivery agent (``smtp``,
+      ``lmtp``, ``local``, ``virtual``, ``pipe``) logged ``status=...`` for the
+      recipient under that queue id: **sent**, whatever the status.
+      ``status=sent`` is plain. ``status=bounced`` means Postfix took the
+      message and the far end refused it: the outbox's handover succeeded,
+      and a bounce is no reason to send again. ``status=deferred`` means the
+      message sits in Postfix's queue, which owns it from now on.
+    - A ``cleanup`` line and a ``qmgr`` "(queue active)" line, but no line for
+      the recipient yet: **sent** (committed to Postfix's queue).
+    - A ``cleanup`` line only: **unknown** (the submission may have been cut
+      before Postfix committed the message).
+    - No ``cleanup`` line for the Message-ID: **not sent**. *Sure* only if the
+      log holds Postfix lines from before the attempt started until after the
+      row was abandoned and after ``SEND_TIMEOUT`` past the start (an orphaned
+      sendmail child may still hand the message over until then); otherwise
+      not sure (under "review" the row then waits for a person).
+    - The log does not reach back to the attempt, or cannot be read:
+      **unknown**.
+
+    The files are read once per sweep pass for all asked rows, oldest first,
+    only as far back as the oldest attempt. Traditional syslog timestamps
+    (``Nov 23 12:00:01``) are read as this host's local time; RFC 3339 ones
+    carry their zone.
+    """
+
+    def __init__(self, path: str | None = None) -> None:
+        configured = path or outbox_settings.POSTFIX_LOG
+        self.path = Path(configured) if configured else None
+
+    def answer_many(self, questions: Sequence[Question]) -> dict[int, Answer]:
+        if not questions:
+            return {}
+        if self.path is None:
+            return {
+                q.delivery_id: Answer.unknown("OUTBOX['POSTFIX_LOG'] is not set") for q in questions
+            }
+        now = timezone.now()
+        since = min(q.started_at or q.abandoned_at for q in questions)
+        try:
+            log = scan(self.path, {q.message_id for q in questions}, since, now)
+        except OSError as exc:
+            logger.error("cannot read the Postfix log %s: %s", self.path, exc)
+            return {q.delivery_id: UNKNOWN for q in questions}
+        return {q.delivery_id: decide(q, log) for q in questions}
+
+
+def decide(question: Question, log: LogScan) -> Answer:
+    """The rules of :class:`PostfixLogReconciler`, for one row."""
+    recipient = question.recipient.lower()
+    queue_ids = log.queue_ids.get(question.message_id, [])
+    for qid in queue_ids:
+        for line in log.statuses.get(qid, []):
+            if recipient in (line.recipient, line.original):
+                return Answer.sent(
+                    f"Postfix {line.agent} {qid}: to=<{line.recipient}>, "
+                    f"status={line.status} {line.text}".strip()
+                )
+    for qid in queue_ids:
+        if qid in log.committed:
+            return Answer.sent(
+                f"Postfix queued {question.message_id} as {qid} "
+                f"({log.committed[qid].isoformat()}); no delivery line for the recipient yet"
+            )
+    if queue_ids:
+        return Answer.unknown(
+            f"Postfix cleanup saw {question.message_id} as {', '.join(queue_ids)}, "
+            "but never committed it to its queue"
+        )
+    return _absent(question, log)
+
+
+def _absent(question: Question, log: LogScan) -> Answer:
+    start = question.started_at or question.abandoned_at
+    if log.first is None or log.last is None:
+        return Answer.unknown("the Postfix log holds no Postfix lines")
+    settled_by = max(question.abandoned_at, start + timedelta(seconds=outbox_settings.SEND_TIMEOUT))
+    window = f"the log covers {_iso(log.first)} .. {_iso(log.last)}"
+    if log.first <= start and log.last >= settled_by:
+        return Answer.not_sent(
+            f"no Postfix cleanup line for {question.message_id}; {window}, "
+            f"the attempt {_iso(start)} .. {_iso(settled_by)}",
+            sure=True,
+        )
+    if log.first <= question.abandoned_at and log.last >= start:
+        return Answer.not_sent(
+            f"no Postfix cleanup line for {question.message_id}, but {window}, "
+            f"not the whole attempt {_iso(start)} .. {_iso(settled_by)}",
+            sure=False,
+        )
+    return Answer.unknown(f"{window}, not the attempt's time ({_iso(start)})")
+
+
+def _iso(at: datetime) -> str:
+    return at.isoformat(timespec="seconds")

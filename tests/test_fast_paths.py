@@ -1,0 +1,280 @@
+"""The hot paths' fast forms and their plain forms agree on every transition.
+
+The step is step 4 (success) of the message in hand plus step 2 (claim) of the
+next. On PostgreSQL the worker runs it through the PL/pgSQL function the
+migrations create (``outbox/plpgsql.py``) unless ``POSTGRESQL_FUNCTIONS`` is
+False, when it runs the same step as one plain statement. On SQLite it runs
+two statements on the DB-API connection; the plain form is Django's atomic()
+with the statements one by one. Each case puts two identical rows in the same
+state, steps one each way, and compares what came back and what the rows hold
+afterwards.
+
+``enqueue_email``'s insert on PostgreSQL is the PL/pgSQL function
+``outbox_enqueue`` by default and one plain statement otherwise: both must
+write the same rows, suppression list and all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.db import connection, transaction
+from django.utils import timezone
+
+from outbox import enqueue_email
+from outbox.models import Delivery
+from outbox.worker import sql
+
+Status = Delivery.Status
+TOKEN = uuid.UUID(int=1)
+OTHER_TOKEN = uuid.UUID(int=2)
+BEFORE = timezone.now() - timedelta(hours=1)
+
+# The columns a step may change, compared row against row.
+COLUMNS = (
+    "status",
+    "attempts",
+    "worker_id",
+    "claim_token",
+    "processing_started_at",
+    "sent_at",
+    "updated_at",
+    "last_error",
+)
+
+
+def _row(
+    state: str, *, due: bool = True, attachments: bool = False, expired: bool = False
+) -> Delivery:
+    """A fresh delivery in ``state``, claimed with TOKEN when processing."""
+    kwargs: dict[str, Any] = {}
+    if attachments:
+        kwargs["attachments"] = [("a.txt", b"x", "text/plain")]
+    if not due:
+        kwargs["send_at"] = timezone.now() + timedelta(days=1)
+    (delivery,) = enqueue_email("s", "b", "from@example.com", ["to@example.com"], **kwargs)
+    extra: dict[str, Any] = {}
+    if expired:  # enqueue refuses a past expires_at; a row may still wait past it
+        extra["expires_at"] = BEFORE
+    # The same updated_at on every row, so that an untouched row compares equal.
+    Delivery.objects.filter(pk=delivery.pk).update(
+        **extra,
+        status=state,
+        claim_token=TOKEN if state == Status.PROCESSING else None,
+        worker_id="w#old" if state == Status.PROCESSING else "",
+        updated_at=BEFORE,
+    )
+    return delivery
+
+
+def _outcome(result: tuple[int, sql.ClaimedRow | None]) -> tuple[Any, ...]:
+    settled, claimed = result
+    if claimed is None:
+        return (settled, None)
+    d, email = claimed.delivery, claimed.email
+    content = None
+    if email is not None:
+        content = (email.subject, email.body, email.from_email, email.reply_to, email.headers)
+    return (
+        settled,
+        (d.recipient, d.priority, d.attempts, d.max_attempts, d.email_id is not None),
+        content,
+        claimed.has_attachments,
+        claimed.expired,
+    )
+
+
+def _state(pk: int) -> dict[str, Any]:
+    return Delivery.objects.filter(pk=pk).values(*COLUMNS).get()
+
+
+# Each case: (name, how to build the rows, the step to run: (settle row, claim row) -> args)
+Setup = Callable[[], tuple[Delivery | None, Delivery | None]]
+
+
+def _claim(state: str, **kw: Any) -> Setup:
+    return lambda: (None, _row(state, **kw))
+
+
+def _settle(state: str) -> Setup:
+    return lambda: (_row(state), None)
+
+
+CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
+    ("claim a due queued row", _claim(Status.QUEUED), TOKEN, False),
+    ("claim a due row whose email is cached", _claim(Status.QUEUED), TOKEN, True),
+    ("claim a due row with attachments", _claim(Status.QUEUED, attachments=True), TOKEN, False),
+    ("claim a row not yet due", _claim(Status.QUEUED, due=False), TOKEN, False),
+    ("claim a due row past its expiry", _claim(Status.QUEUED, expired=True), TOKEN, False),
+    (
+        "settle one row and claim the next, expired",
+        lambda: (_row(Status.PROCESSING), _row(Status.QUEUED, expired=True)),
+        TOKEN,
+        False,
+    ),
+    *[
+        (f"claim a {state} row", _claim(state), TOKEN, False)
+        for state in (
+            Status.PROCESSING,
+            Status.SENT,
+            Status.FAILED,
+            Status.ABANDONED,
+            Status.CANCELLED,
+        )
+    ],
+    ("settle our processing row", _settle(Status.PROCESSING), TOKEN, False),
+    ("settle with another attempt's token", _settle(Status.PROCESSING), OTHER_TOKEN, False),
+    *[
+        (f"settle a row that is {state}", _settle(state), TOKEN, False)
+        for state in (Status.QUEUED, Status.ABANDONED, Status.SENT, Status.FAILED)
+    ],
+    (
+        "settle one row and claim the next",
+        lambda: (_row(Status.PROCESSING), _row(Status.QUEUED)),
+        TOKEN,
+        False,
+    ),
+    (
+        "settle a stolen row and claim the next",
+        lambda: (_row(Status.ABANDONED), _row(Status.QUEUED)),
+        TOKEN,
+        False,
+    ),
+]
+
+
+def _step(fast: bool, settle, claim_id, token, now, known):
+    """One step, the fast way or the plain way, as the worker would see it."""
+    if connection.vendor == "postgresql":
+        return sql.step_postgresql(settle, claim_id, "w#new", token, now, known)
+    if fast:
+        return sql.step_sqlite(settle, claim_id, "w#new", token, now, known)
+    with transaction.atomic():
+        settled = sql.mark_sent(settle[0], settle[1], now) if settle is not None else 0
+        claimed = sql.claim_row(claim_id, "w#new", token, now) if claim_id else None
+    if claimed is not None and not claimed.expired and claimed.delivery.email_id != known:
+        email, attachments = sql.load_email(claimed.delivery.email_id)
+        claimed = sql.ClaimedRow(claimed.delivery, email, attachments, claimed.expired)
+    return settled, claimed
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    ("setup", "settle_token", "cached"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+)
+def test_fast_and_plain_step_agree(request, settings, setup, settle_token, cached):
+    # A little ahead, so that rows created below are due on SQLite too (where
+    # the worker's clock, passed in, decides what is due).
+    now = timezone.now() + timedelta(seconds=5)
+    results = []
+    for fast in (True, False):
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": fast}
+        settle, claim = setup()
+        known = claim.email_id if (claim is not None and cached) else 0
+        result = _step(
+            fast,
+            (settle.pk, settle_token) if settle is not None else None,
+            claim.pk if claim is not None else None,
+            TOKEN,
+            now,
+            known,
+        )
+        rows = [_state(r.pk) if r is not None else None for r in (settle, claim)]
+        results.append((_outcome(result), rows))
+    (by_fast, fast_rows), (by_plain, plain_rows) = results
+    assert by_fast == by_plain
+    if "claim a due" in request.node.name or "claim the next" in request.node.name:
+        assert by_fast[1] is not None  # the case really claimed
+    assert fast_rows == plain_rows
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_fast_step_settles_and_claims_in_one_go(settings):
+    """A success and a claim in one step; on PostgreSQL, through the function."""
+    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}
+    settle, claim = _row(Status.PROCESSING), _row(Status.QUEUED)
+    now = timezone.now() + timedelta(seconds=5)
+    settled, claimed = _step(True, (settle.pk, TOKEN), claim.pk, TOKEN, now, 0)
+    assert settled == 1
+    assert claimed is not None and claimed.email is not None
+    assert claimed.email.subject == "s" and claimed.email.reply_to == []
+    assert _state(settle.pk)["status"] == Status.SENT
+    after = _state(claim.pk)
+    assert (after["status"], after["attempts"], after["worker_id"]) == (
+        Status.PROCESSING,
+        1,
+        "w#new",
+    )
+    if connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_step'")
+            assert cursor.fetchone()[0] == 1
+
+
+# -- enqueue_email's insert (PostgreSQL): the function and the plain statement ----------
+
+ENQUEUE_CASES = {
+    "one recipient": dict(recipient_list=["a@example.com"]),
+    "several, one suppressed with a reason, one without": dict(
+        recipient_list=["a@example.com", "Blocked@Example.com", "quiet@example.com", "c@x.org"]
+    ),
+    "scheduled, expiring, high priority, three attempts, reply-to and headers": dict(
+        recipient_list=["a@example.com", "b@example.com"],
+        send_at=BEFORE + timedelta(days=2),
+        expires_at=BEFORE + timedelta(days=3),
+        priority="high",
+        max_attempts=3,
+        reply_to=["r@example.com"],
+        headers={"X-Tag": "t"},
+        html_message="<p>b</p>",
+    ),
+}
+
+DELIVERY_COLUMNS = (
+    "recipient",
+    "status",
+    "priority",
+    "attempts",
+    "max_attempts",
+    "not_before",
+    "expires_at",
+    "worker_id",
+    "last_error",
+    "claim_token",
+)
+EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("kwargs", ENQUEUE_CASES.values(), ids=ENQUEUE_CASES.keys())
+def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
+    if connection.vendor != "postgresql":
+        pytest.skip("PL/pgSQL exists on PostgreSQL only; SQLite has one way to enqueue")
+    from outbox import suppress
+
+    suppress("blocked@example.com", "hard bounce")
+    suppress("quiet@example.com")
+    results = []
+    for functions in (True, False):
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
+        created = enqueue_email("s", "b", "from@example.com", **kwargs)
+        returned = [(d.recipient, d.status, d.last_error) for d in created]
+        rows = list(
+            Delivery.objects.filter(pk__in=[d.pk for d in created])
+            .order_by("pk")
+            .values_list(*DELIVERY_COLUMNS)
+        )
+        if "send_at" not in kwargs:  # not_before is the moment of the call: not comparable
+            rows = [(*row[:5], None, *row[6:]) for row in rows]
+        assert len({d.email_id for d in created}) == 1  # one Email per call
+        content = Delivery.objects.filter(pk=created[0].pk).values_list(
+            *(f"email__{c}" for c in EMAIL_COLUMNS)
+        )[0]
+        results.append((returned, rows, content))
+    by_function, by_plain = results
+    assert by_function == by_plain
+    assert len(by_function[1]) == len(kwargs["recipient_list"])
