@@ -17,6 +17,8 @@ outbox.W002 ``OUTBOX["MAILER"]`` is set but ``MAILERS`` is not in use
 outbox.W003 Django 6.1 with ``MAILERS``, and a dotted path in ``OUTBOX["EMAIL_BACKEND"]``
 outbox.E009 ``OUTBOX["SEND_TIMEOUT"]`` is not a positive number of seconds
 outbox.W004 the metrics URL is routed but ``OUTBOX["METRICS_TOKEN"]`` is not set
+outbox.E010 ``OUTBOX["RATE_LIMITS"]`` is not a dict, or an entry is malformed
+outbox.E011 ``THROTTLE_PENALTY`` or ``PAUSED_DOMAIN_RECHECK`` is not a positive number
 outbox.E015 ``OUTBOX["RECONCILERS"]``: not a list of dotted paths of reconciler classes
 outbox.E016 ``RECONCILE_BATCH``, ``RECONCILE_RETRY_AFTER`` or ``RECONCILE_MAX_AGE`` out of range
 outbox.E017 ``PostfixLogReconciler`` is listed but ``OUTBOX["POSTFIX_LOG"]`` is not set
@@ -64,6 +66,7 @@ def check_outbox_settings(
     errors += _check_send_timeout(raw)
     errors += _check_key_prefix()
     errors += _check_delivery_target()
+    errors += _check_sending_control(raw)
     errors += _check_topology_and_reconcilers(raw)
     errors += _check_content(raw)
     return errors
@@ -227,6 +230,58 @@ def _check_delivery_target() -> list[CheckMessage]:
                 id="outbox.E008",
             )
         )
+    return errors
+
+
+# -- sending control (outbox/ratelimit.py, outbox/control.py) -----------------------
+
+
+def _check_sending_control(raw: dict[str, Any]) -> list[CheckMessage]:
+    from .ratelimit import parse_limit
+
+    errors: list[CheckMessage] = []
+    limits = raw.get("RATE_LIMITS", DEFAULTS["RATE_LIMITS"])
+    if not isinstance(limits, dict):
+        errors.append(
+            Error(
+                f"OUTBOX['RATE_LIMITS'] is {limits!r}; it must be a dict.",
+                hint="For example {'*': '14/s', 'gmail.com': '20/m'}.",
+                id="outbox.E010",
+            )
+        )
+    else:
+        seen: set[str] = set()
+        for key, value in limits.items():
+            try:
+                name = parse_limit(key, value).key
+            except ValueError as exc:
+                errors.append(
+                    Error(
+                        f"OUTBOX['RATE_LIMITS']: {exc}.",
+                        hint="Keys are '*' or a recipient domain; values a positive count and "
+                        "a unit: '14/s', '20/m', '500/h', '5000/d'.",
+                        id="outbox.E010",
+                    )
+                )
+                continue
+            if name in seen:
+                errors.append(
+                    Error(
+                        f"OUTBOX['RATE_LIMITS'] lists {name!r} twice (domains ignore case).",
+                        id="outbox.E010",
+                    )
+                )
+            seen.add(name)
+    for name in ("THROTTLE_PENALTY", "PAUSED_DOMAIN_RECHECK"):
+        value = raw.get(name, DEFAULTS[name])
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if not (ok and math.isfinite(value) and value > 0):
+            errors.append(
+                Error(
+                    f"OUTBOX[{name!r}] is {value!r}; it must be a positive number of seconds.",
+                    id="outbox.E011",
+                )
+            )
     return errors
 
 

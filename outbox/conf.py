@@ -61,6 +61,16 @@ DEFAULTS: dict[str, Any] = {
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
+    # -- sending control (outbox/ratelimit.py, outbox/control.py) --
+    # Sending limits shared by every worker: {"*": "14/s", "gmail.com": "20/m"}.
+    # "*" is all sending together; any other key is a recipient domain (exact,
+    # lower-cased). Units /s /m /h /d; sends are spaced evenly.
+    "RATE_LIMITS": {},
+    # Seconds a recipient domain waits after its server answered 421 or 450.
+    "THROTTLE_PENALTY": 30.0,
+    # Seconds ahead a row to a paused domain is rescheduled; resume takes effect
+    # within this interval.
+    "PAUSED_DOMAIN_RECHECK": 10.0,
     # -- automatic settlement of abandoned rows (outbox/reconcile.py) --
     # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
     # about abandoned rows.
@@ -167,6 +177,21 @@ class OutboxSettings:
         # An empty string counts as "not set": it must never match a bare "Bearer".
         value = self._get("METRICS_TOKEN")
         return str(value) if value else None
+
+    # -- sending control --------------------------------------------------------
+
+    @property
+    def RATE_LIMITS(self) -> dict[str, Any]:
+        value = self._get("RATE_LIMITS")
+        return value if isinstance(value, dict) else {}
+
+    @property
+    def THROTTLE_PENALTY(self) -> float:
+        return float(self._get("THROTTLE_PENALTY"))
+
+    @property
+    def PAUSED_DOMAIN_RECHECK(self) -> float:
+        return float(self._get("PAUSED_DOMAIN_RECHECK"))
 
     # -- automatic settlement of abandoned rows --
 

@@ -21,6 +21,11 @@ and scripts stay legal on Redis Cluster:
 ``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
+``{p}:control``                hash: the operator's pause switches and the domains
+                               slowed down by their servers (``control.py``)
+``{p}:rate:<key>``, ``{p}:rate-held:<key>``
+                               one rate limit's bucket and the ids holding its
+                               reserved slots (``ratelimit.py``)
 ``{p}:reconcile-asked``        sorted set: abandoned rows the reconcilers could not
                                settle, score = when asked (see ``reconcile.py``)
 ``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
@@ -120,6 +125,9 @@ class ClaimResult(NamedTuple):
     now: float  # Redis time, epoch seconds
     registered: bool  # False: this incarnation was declared dead; claim nothing more
     items: list[Claimed]
+    # The operator's control hash as the claim saw it (outbox/control.py);
+    # None when not registered. While it says "paused", items is empty.
+    control: dict[str, str] | None = None
 
 
 class RedisQueue:
@@ -137,6 +145,7 @@ class RedisQueue:
         self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
+        self.control_key = f"{tag}:control"
         self.reconcile_key = f"{tag}:reconcile-asked"
         self.sent_total_key = f"{tag}:sent-total"
         self._processing_prefix = f"{tag}:processing:"
@@ -171,6 +180,10 @@ class RedisQueue:
         # Redis restart that forgot the script cache. A caller may still pass
         # its own client= (a pipeline).
         return partial(_shared_script(name), client=self.redis)
+
+    def script(self, name: str) -> Callable[..., Any]:
+        """The Lua script ``outbox/lua/<name>.lua``, called on this connection."""
+        return self._script(name)
 
     def time(self) -> float:
         """Redis' clock, epoch seconds: the one clock of every queue decision."""
@@ -229,13 +242,17 @@ class RedisQueue:
         without a nonce every call claims anew.
         """
         raw = self._script("claim")(
-            keys=self._keys(worker_id),
+            keys=[*self._keys(worker_id), self.control_key],
             args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, len(acks), *acks],
         )
+        if not int(raw[1]):
+            return ClaimResult(float(raw[0]), False, [])
+        flat = [_decode(v) for v in raw[2]]
+        control = dict(zip(flat[::2], flat[1::2], strict=True))
         items = [
-            Claimed(int(raw[i]), PRIORITY_NAME[int(raw[i + 1])]) for i in range(2, len(raw), 2)
+            Claimed(int(raw[i]), PRIORITY_NAME[int(raw[i + 1])]) for i in range(3, len(raw), 2)
         ]
-        return ClaimResult(float(raw[0]), bool(int(raw[1])), items)
+        return ClaimResult(float(raw[0]), True, items, control)
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds until ids may be ready; True if woken.

@@ -49,6 +49,18 @@ keys may be added; none is renamed or removed without a new ``version``):
     ``dead_workers``
         Workers the sweeper declared dead and has not cleaned up yet:
         ``{"id", "held"}``.
+    ``control``
+        The pause switches (``outbox.control.state()``): ``known`` (false:
+        Redis holds no switches, because nothing has run yet or Redis lost
+        them), ``paused``, ``paused_since``, ``paused_domains`` and
+        ``slow_domains`` (``{domain: Redis time}``: since when / held until),
+        and ``lost_at`` (when a worker found them lost and restored what it
+        last saw; cleared by ``outbox_resume``).
+    ``rate_limits``
+        One entry per configured limit (``outbox.ratelimit.usage()``):
+        ``{"key", "limit", "used" (sends in the current period),
+        "capacity", "held" (rows waiting for a slot it reserved),
+        "next_free_in" (seconds)}``.
 ``agreement``
     Whether Redis agrees with the database: ``null`` when either could not be
     read, else ``{"ready": {...}, "scheduled": {...}}``, each with
@@ -318,6 +330,7 @@ def _read_redis(
             for w, score in workers
         ],
         "dead_workers": [{"id": _text(w), "held": held[_text(w)]} for w in dead],
+        **_sending_control(queue),
     }
     if not compare:
         return report, None
@@ -397,3 +410,16 @@ def _agreement(db: dict[str, set[int]], redis: dict[str, set[int]]) -> dict[str,
 
 def _not_compared() -> dict[str, Any]:
     return {"agrees": None, "missing": None, "stale": None}
+
+
+# -- sending control ----------------------------------------------------------------
+
+
+def _sending_control(queue: RedisQueue) -> dict[str, Any]:
+    """The pause switches and the rate limits' use (``control`` and ``rate_limits``)."""
+    from . import control, ratelimit
+
+    return {
+        "control": control.state(queue).as_dict(),
+        "rate_limits": [{**u._asdict()} for u in ratelimit.usage(queue)],
+    }

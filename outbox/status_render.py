@@ -109,6 +109,49 @@ def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> li
             + _("%(id)s: declared dead, holding %(count)d%(ids)s (the sweeper cleans it up)")
             % {"id": worker["id"], "count": len(worker["held"]), "ids": _ids(worker["held"])}
         )
+    return lines + _render_control(redis["control"]) + _render_limits(redis["rate_limits"])
+
+
+def _render_control(control: dict[str, Any]) -> list[str]:
+    """The pause switches: one line, plus a line per paused or slowed domain."""
+    if not control["known"]:
+        lines = [
+            _(
+                "Sending: UNKNOWN (Redis holds no pause switches: nothing has run yet, or "
+                "Redis lost them; a worker restores what it last saw)"
+            )
+        ]
+    elif control["paused"]:
+        lines = [_("Sending: PAUSED by the operator (outbox_resume to send again)")]
+    else:
+        lines = [_("Sending: running")]
+    if control["lost_at"] is not None:
+        lines.append(
+            "  "
+            + _(
+                "Redis lost the switches; a worker restored what it last saw "
+                "(outbox_resume clears this)"
+            )
+        )
+    for domain in sorted(control["paused_domains"]):
+        lines.append("  " + _("%(domain)s: paused") % {"domain": domain})
+    for domain in sorted(control["slow_domains"]):
+        lines.append(
+            "  " + _("%(domain)s: slowed down (its server answered 421/450)") % {"domain": domain}
+        )
+    return lines
+
+
+def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
+    if not limits:
+        return []
+    lines = [_("Rate limits:")]
+    for limit in limits:
+        lines.append(
+            "  "
+            + _("%(key)s %(limit)s: %(used)d of %(capacity)d used this period, %(held)d held")
+            % limit
+        )
     return lines
 
 

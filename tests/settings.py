@@ -16,8 +16,10 @@ database names:
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
   where a worker subprocess delivers (see "Email" below)
+- OUTBOX_TEST_RATE_LIMITS: OUTBOX["RATE_LIMITS"] as JSON, for worker subprocesses
 """
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -126,6 +128,8 @@ if os.environ.get("OUTBOX_TEST_ABANDONED_POLICY"):
     OUTBOX["ABANDONED_POLICY"] = os.environ["OUTBOX_TEST_ABANDONED_POLICY"]
 if os.environ.get("OUTBOX_TEST_SEND_TIMEOUT"):
     OUTBOX["SEND_TIMEOUT"] = float(os.environ["OUTBOX_TEST_SEND_TIMEOUT"])
+if os.environ.get("OUTBOX_TEST_RATE_LIMITS"):
+    OUTBOX["RATE_LIMITS"] = json.loads(os.environ["OUTBOX_TEST_RATE_LIMITS"])
 
 # Email, configured as a project using the outbox would be: the project's own
 # mail goes into the outbox (OutboxBackend), and the worker delivers through a

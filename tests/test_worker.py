@@ -169,7 +169,7 @@ def test_duplicate_and_stale_ids_send_nothing_twice(outbox_mail, queue):
     queue.redis.lpush(queue.ready_key("normal"), 999_999)  # a row that does not exist
     worker = burst()
     assert len(outbox_mail) == 1
-    assert worker.stats.take() == (0, 0, 0, 0, 0)  # the summary was already logged and reset
+    assert worker.stats.take() == (0, 0, 0, 0, 0, 0)  # the summary was already logged and reset
     assert Delivery.objects.get(pk=delivery.pk).attempts == 1
     assert Delivery.objects.get(pk=cancelled.pk).status == Status.CANCELLED
     assert queue.redis.keys("{outbox}:processing:*") == []

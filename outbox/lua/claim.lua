@@ -2,7 +2,10 @@
 -- scheduled ids, then move up to `count` ids into its processing list, high
 -- priority first, taking them out of the dedup set in the same step.
 -- ARGV: incarnation, count, promote_limit, thread, nonce, n_acks, ack ids...
--- Returns: Redis time, registered (1/0), then id1, prio1, id2, prio2, ...
+-- Returns: Redis time, registered (1/0), the control hash (flat field/value
+-- list; only when registered), then id1, prio1, id2, prio2, ...
+-- KEYS[11] is the operator's control hash (outbox/control.py): it rides along
+-- with every reply, and while it says `paused` no id is handed out.
 --
 -- Registration is checked first: an incarnation the sweeper declared dead must
 -- not claim into a list that nobody will reap (its acks do not matter then:
@@ -13,7 +16,7 @@ local now = redis_now()
 if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {time_reply(now), 0}
 end
-local out = {time_reply(now), 1}
+local out = {time_reply(now), 1, redis.call('HGETALL', KEYS[11])}
 -- An empty nonce (a caller that never retries) neither replays nor is recorded.
 local last = ARGV[5] ~= '' and redis.call('HGET', KEYS[10], ARGV[4])
 if last then
@@ -28,6 +31,9 @@ end
 local n_acks = tonumber(ARGV[6])
 for i = 1, n_acks do
   redis.call('LREM', KEYS[9], -1, ARGV[6 + i])
+end
+if redis.call('HEXISTS', KEYS[11], 'paused') == 1 then
+  return out  -- paused by the operator: hand out nothing (outbox_resume ends it)
 end
 promote(now, tonumber(ARGV[3]))
 local count = tonumber(ARGV[2])

@@ -33,6 +33,7 @@ from ..models import Attachment, Attempt, Delivery, Email
 from ..queue import Claimed, QueueEntry
 from . import sql
 from .faults import fault
+from .gate import Gate
 from .outcomes import (
     Settlement,
     Started,
@@ -67,6 +68,7 @@ class SenderLoop:
         self.nonce: str | None = None
         self.generation = worker.generation
         self.pause = Backoff(worker)
+        self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
@@ -79,8 +81,15 @@ class SenderLoop:
                         break
                     if not more:
                         continue
+                if self.gate.paused():
+                    self._hold_while_paused()
+                    continue
                 started = self._mark(self.pending.popleft())
                 if started is None:
+                    continue
+                if self.gate.holds(started):
+                    # Given back until its domain or limit allows it: not an attempt.
+                    self.acks.append(started.delivery.pk)
                     continue
                 self.settlement = self._deliver(started)
                 if self.worker.count_handled():
@@ -104,6 +113,9 @@ class SenderLoop:
             result = self.worker.queue.claim(
                 worker_id, want, thread=self.index, nonce=self.nonce, acks=self.acks
             )
+            # Read with the claim; a lost switch hash is restored here (same nonce
+            # on a retry, so the ids of this claim are not lost either).
+            switches = self.gate.observe(result.control) if result.registered else None
         except RedisError as exc:
             self._settle_alone()
             self.pause.wait("Redis", exc)
@@ -112,7 +124,7 @@ class SenderLoop:
         self.acks = []
         self.worker.clock.observe(result.now)
         self.pause.reset()
-        if not result.registered:
+        if switches is None:
             self.worker.reincarnate(worker_id)
             return False
         if result.items:
@@ -126,18 +138,28 @@ class SenderLoop:
             return False
         if self.worker.burst:
             return None
-        self._idle()
+        self._idle(paused=switches.paused)
         return False
 
-    def _idle(self) -> None:
+    def _idle(self, paused: bool = False) -> None:
         if self.backend_open:
             # Idle: close rather than let the server time us out mid-send.
             _close_quietly(self.backend)
             self.backend_open = False
+        if paused:
+            # Not on the wake list: its tokens would only spin a paused thread.
+            self.worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
+            return
         try:
             self.worker.queue.wait(outbox_settings.BLOCK_TIMEOUT)
         except RedisError as exc:
             self.pause.wait("Redis", exc)
+
+    def _hold_while_paused(self) -> None:
+        """Paused by the operator: write the outcome in hand, give back the claimed ids."""
+        self._settle_alone()
+        self._give_back()
+        self._idle(paused=True)
 
     def _forget_claims_of_a_dead_incarnation(self) -> None:
         if self.generation != self.worker.generation:
@@ -282,6 +304,7 @@ class SenderLoop:
                 self.backend_open = True
             except Exception as exc:
                 # Cannot reach the mail server: nothing was handed over.
+                self.gate.on_send_error(started, exc, connecting=True)
                 return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started)
         if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
@@ -306,6 +329,7 @@ class SenderLoop:
             if self.backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except Exception as exc:
+            self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
         return Settlement(started, Outcome.SENT)

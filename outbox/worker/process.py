@@ -35,6 +35,7 @@ from redis.exceptions import RedisError
 from ..backends import get_delivery_connection
 from ..clock import RedisClock
 from ..conf import outbox_settings
+from ..control import ControlView
 from ..queue import QueueEntry, RedisQueue
 from .cache import EmailCache
 from .loop import SenderLoop, _close_quietly
@@ -81,6 +82,8 @@ class Worker:
         self.stats = Stats()
         self.clock = RedisClock()
         self.emails = EmailCache()
+        # The operator's switches as the claims saw them (outbox/control.py).
+        self.control = ControlView()
         # Bumped at every new incarnation: ids claimed under an older one are
         # the sweeper's now.
         self.generation = 0

@@ -25,6 +25,7 @@ class Stats:
     failed: int = 0
     in_doubt: int = 0
     skipped: int = 0
+    held: int = 0  # given back to wait for a rate limit or a paused or slowed domain
     delivered_total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
@@ -34,18 +35,26 @@ class Stats:
             if name == "sent":
                 self.delivered_total += 1
 
-    def take(self) -> tuple[int, int, int, int, int]:
+    def take(self) -> tuple[int, int, int, int, int, int]:
         with self.lock:
-            values = (self.sent, self.retried, self.failed, self.in_doubt, self.skipped)
+            values = (
+                self.sent,
+                self.retried,
+                self.failed,
+                self.in_doubt,
+                self.skipped,
+                self.held,
+            )
             self.sent = self.retried = self.failed = self.in_doubt = self.skipped = 0
+            self.held = 0
             return values
 
     def summary(self, worker_id: str, elapsed: float) -> None:
-        sent, retried, failed, in_doubt, skipped = self.take()
-        if sent or retried or failed or in_doubt or skipped:
+        sent, retried, failed, in_doubt, skipped, held = self.take()
+        if sent or retried or failed or in_doubt or skipped or held:
             logger.info(
                 "%s: %d sent (%.1f/s), %d retried, %d failed, %d in doubt, "
-                "%d stale ids skipped in %.0fs",
+                "%d stale ids skipped, %d held for a limit or a pause in %.0fs",
                 worker_id,
                 sent,
                 sent / max(elapsed, 1e-9),
@@ -53,6 +62,7 @@ class Stats:
                 failed,
                 in_doubt,
                 skipped,
+                held,
                 elapsed,
             )
 

@@ -1,0 +1,127 @@
+"""The worker's side of sending control: pauses, slowed domains and rate limits.
+
+Two checks, each a small hook in the sender loop (``loop.py``):
+
+- **before marking a row**, :meth:`Gate.paused`: a global pause (read from the
+  claim replies, or again from Redis when the view is older than
+  ``control.MAX_AGE``) makes the thread give back its claimed ids instead of
+  sending them (``outbox/control.py``);
+- **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
+  is now known. A paused domain, a domain slowed down after a 421/450, or a
+  rate limit with no free slot (``outbox/ratelimit.py``) gives the row back:
+  ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
+  puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
+  the moment it may go, and the id goes to ``scheduled`` for that moment
+  (forced push, after the UPDATE committed). No Attempt row is written: it
+  was not an attempt. If the UPDATE changes nothing, someone else settled the
+  row meanwhile and nothing is pushed.
+
+With no limits configured and no switch set, :meth:`Gate.holds` does no
+Redis round trip and no query (the ratelimit module docstring says why the
+check sits here, and why the moment the row is ``processing`` while given
+back is safe).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from django.db.models import F
+from redis.exceptions import RedisError
+
+from .. import control, ratelimit
+from ..clock import from_timestamp
+from ..conf import outbox_settings
+from ..models import Delivery
+from ..queue import QueueEntry
+from .outcomes import Started
+
+if TYPE_CHECKING:
+    from .process import Worker
+
+logger = logging.getLogger("outbox.worker")
+
+Status = Delivery.Status
+
+# Seconds a row waits when Redis could not be asked about its rate limit.
+REDIS_DOWN_DELAY = 1.0
+
+
+class Gate:
+    """Sending control for the threads of one worker process."""
+
+    def __init__(self, worker: Worker) -> None:
+        self.worker = worker
+
+    def observe(self, fields: dict[str, str] | None) -> control.ControlState:
+        """Take the control hash a claim reply carried (may restore a lost one)."""
+        return self.worker.control.observe(fields, self.worker.queue)
+
+    def paused(self) -> bool:
+        """Whether all sending is paused now (the view is at most MAX_AGE old)."""
+        view = self.worker.control
+        try:
+            return view.fresh(self.worker.queue).paused
+        except RedisError:
+            # Redis is away: claims fail too; the last view decides the ids in hand.
+            return view.current.paused
+
+    def holds(self, started: Started) -> bool:
+        """Give ``started`` back if a switch or a limit holds it; True if it did."""
+        delivery = started.delivery
+        domain = ratelimit.domain_of(delivery.recipient)
+        now = self.worker.clock.time()
+        until = control.hold_until(self.worker.control.current, domain, now)
+        if until is None:
+            checks = ratelimit.applicable(domain, ratelimit.limits())
+            if not checks:
+                return False
+            try:
+                now, until = ratelimit.take(self.worker.queue, delivery.pk, checks)
+            except RedisError as exc:
+                logger.warning("cannot check the rate limit of %s (%s); holding it", domain, exc)
+                until = now + REDIS_DOWN_DELAY
+            if until is None:
+                return False
+        self.give_back(started, until)
+        return True
+
+    def give_back(self, started: Started, until: float) -> int:
+        """Put a claimed row back to ``queued`` until ``until`` (Redis time); not an attempt."""
+        delivery = started.delivery
+        due = from_timestamp(until)
+        changed = Delivery.objects.filter(
+            pk=delivery.pk, status=Status.PROCESSING, claim_token=started.token
+        ).update(
+            status=Status.QUEUED,
+            attempts=F("attempts") - 1,
+            not_before=due,
+            claim_token=None,
+            worker_id="",
+            updated_at=self.worker.clock.now(),
+        )
+        if changed:
+            self.worker.push_quietly([QueueEntry(delivery.pk, delivery.priority, until)])
+            self.worker.stats.add("held")
+            logger.debug("delivery %s held until %s", delivery.pk, due.isoformat())
+        return changed
+
+    def on_send_error(self, started: Started, exc: BaseException, *, connecting: bool) -> None:
+        """A 421 or 450 slows the recipient's whole domain down, not only this message.
+
+        Said while ``connecting`` (the greeting, EHLO, login), it is about the
+        mail server as a whole, not one domain: then all sending (``"*"``) waits.
+        """
+        if not ratelimit.throttled(exc):
+            return
+        domain = ratelimit.GLOBAL if connecting else ratelimit.domain_of(started.delivery.recipient)
+        seconds = outbox_settings.THROTTLE_PENALTY
+        try:
+            control.slow_down(domain, seconds, self.worker.queue)
+        except RedisError as exc2:
+            logger.warning("could not slow %s down (%s)", domain, exc2)
+            return
+        logger.warning(
+            "the mail server asked to slow down (%s); holding %s for %.0fs", exc, domain, seconds
+        )

@@ -1,0 +1,150 @@
+"""Pause and resume: outbox_pause / outbox_resume (outbox/control.py, lua/claim.lua)."""
+
+from __future__ import annotations
+
+import io
+import signal
+import threading
+from collections.abc import Iterator
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from outbox import control, enqueue_email
+from outbox.models import Attempt, Delivery
+from outbox.status import collect, render
+from outbox.worker import Worker
+from tests.servers import SMTPRecorder, wait_until
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+Status = Delivery.Status
+
+
+@pytest.fixture
+def running() -> Iterator:
+    """Start an in-process worker (not burst) in a thread; stopped at the end."""
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(**kwargs) -> Worker:
+        worker = Worker(**kwargs)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()
+
+
+def run(command: str, *args: str) -> str:
+    out = io.StringIO()
+    call_command(command, *args, stdout=out)
+    return out.getvalue()
+
+
+def sent(rows) -> int:
+    return Delivery.objects.filter(pk__in=[d.pk for d in rows], status=Status.SENT).count()
+
+
+def test_pause_and_resume_commands_set_the_switches(queue):
+    assert "Paused all sending" in run("outbox_pause")
+    assert control.state(queue).paused
+    assert "Paused mail to gmail.com" in run("outbox_pause", "--domain", "GMail.com")
+    assert "Resumed sending; still paused: gmail.com" in run("outbox_resume")
+    state = control.state(queue)
+    assert not state.paused and set(state.paused_domains) == {"gmail.com"}
+    run("outbox_resume", "--domain", "gmail.com")
+    assert control.state(queue).paused_domains == {}
+    with pytest.raises(CommandError, match="not a domain name"):
+        run("outbox_pause", "--domain", "not a domain")
+
+
+def test_the_help_says_what_pause_does():
+    from outbox.management.commands.outbox_pause import Command as Pause
+    from outbox.management.commands.outbox_resume import Command as Resume
+
+    assert "within about one second" in Pause.help and "nothing is lost" in Pause.help
+    assert "outbox_pause" in Resume.help
+
+
+def test_a_paused_claim_hands_out_nothing(queue):
+    enqueue_email("s", "b", None, ["a@example.com"])
+    queue.register("w#1")
+    control.pause(queue=queue)
+    result = queue.claim("w#1", 10)
+    assert result.items == [] and control.parse(result.control).paused
+    control.resume(queue=queue)
+    assert len(queue.claim("w#1", 10).items) == 1
+
+
+def test_pause_stops_claiming_within_a_second_and_resume_drains(worker_process, queue):
+    server = SMTPRecorder(delay=0.2).start()
+    try:
+        rows = enqueue_email("s", "b", None, [f"u{i}@example.com" for i in range(40)])
+        proc = worker_process("--concurrency", "2", OUTBOX_TEST_SMTP_PORT=str(server.port))
+        wait_until(lambda: server.count() >= 4, timeout=20)
+        run("outbox_pause")
+        paused_at = queue.time()
+        # The messages in hand finish; the ids claimed but not started go back to Redis.
+        wait_until(lambda: not Delivery.objects.filter(status=Status.PROCESSING).exists(), 10)
+        queued = Delivery.objects.filter(status=Status.QUEUED).count()
+        wait_until(lambda: sum(queue.ready_lengths().values()) >= queued, timeout=10)
+        assert queued > 0
+        latest = max(
+            d.processing_started_at.timestamp()
+            for d in Delivery.objects.all()
+            if d.processing_started_at is not None
+        )
+        assert latest <= paused_at + 1.0
+        assert server.count() == sent(rows)  # nothing more reached the server
+        assert "Sending: PAUSED" in render(collect())
+
+        run("outbox_resume")
+        wait_until(lambda: sent(rows) == 40, timeout=40)
+        assert server.count() == 40
+        assert not Attempt.objects.exists()
+        proc.send_signal(signal.SIGTERM)
+        output, _ = proc.communicate(timeout=30)
+        assert output.count("paused by operator") == 1
+    finally:
+        server.stop()
+
+
+def test_a_paused_domain_waits_while_others_flow(settings, outbox_mail, running):
+    settings.OUTBOX = {**settings.OUTBOX, "PAUSED_DOMAIN_RECHECK": 1.0}
+    run("outbox_pause", "--domain", "hold.example")
+    held = enqueue_email("s", "b", None, [f"h{i}@hold.example" for i in range(3)])
+    going = enqueue_email("s", "b", None, [f"g{i}@go.example" for i in range(3)])
+    running()
+    wait_until(lambda: sent(going) == 3, timeout=10)
+    rows = Delivery.objects.filter(pk__in=[d.pk for d in held])
+    assert set(rows.values_list("status", "attempts")) == {(Status.QUEUED, 0)}
+    assert not Attempt.objects.exists()
+    run("outbox_resume", "--domain", "hold.example")
+    wait_until(lambda: sent(held) == 3, timeout=10)
+    assert set(Delivery.objects.values_list("attempts", flat=True)) == {1}
+
+
+def test_a_pause_survives_redis_losing_it(outbox_mail, queue, running):
+    run("outbox_pause")
+    worker = running()
+    wait_until(lambda: worker.control.current.paused, timeout=5)
+    queue.redis.flushdb()  # a restart without persistence, while paused
+    assert not control.state(queue).known
+    assert "Sending: UNKNOWN" in render(collect())
+    # New mail is pushed to Redis; the worker claims it before it has seen the
+    # switches again, and must give it back rather than send it.
+    rows = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
+    state = wait_until(lambda: (s := control.state(queue)).lost_at is not None and s, timeout=10)
+    assert state.paused
+    assert "Redis lost the switches" in render(collect())
+    wait_until(lambda: sum(queue.ready_lengths().values()) >= 2, timeout=10)
+    assert outbox_mail == []
+    assert sent(rows) == 0
+    run("outbox_resume")
+    wait_until(lambda: sent(rows) == 2, timeout=10)
+    assert control.state(queue).lost_at is None
