@@ -11,16 +11,9 @@ The database is the truth; a pass makes Redis and the rows agree again:
 2. **Stuck rows.** Rows ``processing`` for longer than the timeout whose worker
    is not alive get the same policy, even when Redis lost every key: this
    covers Redis data loss and a "mark sent" write the database refused.
-3. **The mirror.** Every queued row must be waiting in Redis. The database
-   decides the repair, not Redis' dedup set. A *full* check reads what the
-   ready lists, ``scheduled`` and the live workers' processing lists really
-   hold, pushes every queued row found in none of them (forced, whatever the
-   set says), and drops set entries that wait nowhere. It runs on the first
-   pass, after Redis lost data (the sweeper's marker key vanished), when the
-   set counts more ids than the lists hold (partial loss), on
-   ``--full-mirror-check`` and once per ``MIRROR_FULL_SCAN_INTERVAL``.
-   Otherwise the *incremental* check pushes the rows that became queued since
-   the last pass, gated by the set, so it adds no id that is already waiting.
+3. **The mirror.** Every queued row must be waiting in Redis: a full check
+   (when Redis lost data, and periodically) or an incremental one; see
+   ``mirror.py``.
 4. **Settlement** (optional): ``OUTBOX["RECONCILERS"]`` are asked about the
    oldest abandoned rows, which are settled from their answers
    (``reconcile.py``).
@@ -47,19 +40,19 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
 from django.db import DatabaseError, connection
-from django.db.models import F, Q, QuerySet
+from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from . import operations, reconcile
 from .clock import from_timestamp
 from .conf import outbox_settings
+from .mirror import Mirror
 from .models import Attempt, Delivery, Email
 from .queue import QueueEntry, RedisQueue
 
@@ -69,9 +62,6 @@ Status = Delivery.Status
 Outcome = Attempt.Outcome
 
 BATCH = 1000
-# Rows whose last change is this close to the previous pass are checked again,
-# in case their transaction committed after that pass looked.
-MIRROR_MARGIN = 60.0
 ACTOR = "sweeper"
 
 
@@ -339,81 +329,11 @@ class Sweeper:
         )
         report.expired += len(result.changed)
 
-    # -- 3. the Redis mirror --------------------------------------------------------
+    # -- 3. the Redis mirror (mirror.py) ----------------------------------------------
 
     def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
-        state = self.queue.mirror_state()
-        now = self.queue.time()
-        first = "full_at" not in state
-        full = (
-            force_full
-            or first
-            or now - float(state["full_at"]) > outbox_settings.MIRROR_FULL_SCAN_INTERVAL
-            or self.queue.set_exceeds_lists()
-        )
-        report.full_mirror_check = full
-        if full:
-            # Written first: if Redis loses its data during the scan, the marker
-            # goes with it and the next pass checks everything again.
-            self.queue.redis.hset(
-                self.queue.mirror_key, mapping={"full_at": now, "checked_until": now}
-            )
-            if first:
-                logger.info("no mirror marker in Redis (first run, or Redis lost data): full check")
-            self._full_check(report)
-        else:
-            since = float(state.get("checked_until", now)) - MIRROR_MARGIN
-            rows = Delivery.objects.queued().filter(updated_at__gte=from_timestamp(since))
-            held = self._held_by_live_workers()
-            for batch in self._batches(rows):
-                entries = [e for e in batch if e.id not in held]
-                report.remirrored += self.queue.push(entries)
-        self.queue.redis.hset(self.queue.mirror_key, "checked_until", now)
-        if report.remirrored:
-            logger.warning("re-mirrored %d queued deliveries Redis did not hold", report.remirrored)
-
-    def _full_check(self, report: SweepReport) -> None:
-        """Make Redis hold every queued row, trusting only what its lists hold.
-
-        What is read first (ready lists, ``scheduled``, live processing lists)
-        is compared with the database; a row missing from all of them is
-        pushed, forced. An id pushed by someone else meanwhile may end up
-        twice: harmless. Set entries that wait nowhere are dropped last.
-        """
-        present = self.queue.waiting_ids()
-        held = self._held_by_live_workers()
-        queued: set[int] = set()
-        for batch in self._batches(Delivery.objects.queued()):
-            queued.update(e.id for e in batch)
-            missing = [e for e in batch if e.id not in present and e.id not in held]
-            if missing:
-                self.queue.push(missing, force=True)
-                report.remirrored += len(missing)
-        stale = sorted(self.queue.queued_set() - present - queued)
-        if stale:
-            dropped = self.queue.forget_stale(stale)
-            logger.info("dropped %d ids from the dedup set that waited nowhere", dropped)
-
-    def _batches(self, rows: QuerySet[Delivery]) -> Iterator[list[QueueEntry]]:
-        """The rows' queue entries, BATCH at a time, keeping the lease."""
-        last = 0
-        while True:
-            batch = list(
-                rows.filter(pk__gt=last)
-                .order_by("pk")
-                .values_list("pk", "priority", "not_before")[:BATCH]
-            )
-            if not batch:
-                return
-            last = batch[-1][0]
-            yield [QueueEntry(pk, prio, not_before.timestamp()) for pk, prio, not_before in batch]
-            self._keep_lease()
-
-    def _held_by_live_workers(self) -> set[int]:
-        held: set[int] = set()
-        for worker_id in self.queue.live_workers():
-            held.update(self.queue.processing_ids(worker_id))
-        return held
+        report.full_mirror_check, pushed = Mirror(self.queue, self._keep_lease).repair(force_full)
+        report.remirrored += pushed
 
     # -- 4. retention -----------------------------------------------------------------
 

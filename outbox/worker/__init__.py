@@ -27,11 +27,14 @@ sweeper to flag; an id that Redis holds twice can pass step 2 only once. Step 4
 matches the claim token, so a late worker can never overwrite another attempt.
 
 The rooms: ``process.py`` (incarnation, threads, signals, heartbeat),
-``loop.py`` (one thread's loop), ``sql.py`` (the statements per database),
-``outcomes.py`` (what an outcome is and how it is written), ``report.py``
-(counters, log lines, signals), ``cache.py`` (email contents, bounded in
-bytes) and ``faults.py`` (the one test hook). The protocol table is in
-``outbox/PROTOCOL.md``.
+``supervisor.py`` (``--processes``: N forked workers), ``loop.py`` (one
+thread's loop), ``sql.py`` (the statements per database; the PostgreSQL
+functions they call are in ``outbox/plpgsql.py``), ``gate.py`` (rate limits
+and pauses, between claim and send), ``outcomes.py`` (what an outcome is and
+how it is written), ``report.py`` (counters, log lines, signals),
+``backoff.py`` (waiting out Redis or the database), ``cache.py`` (email
+contents, bounded in bytes) and ``faults.py`` (the one test hook). The
+protocol table is in ``outbox/PROTOCOL.md``.
 """
 
 from ..failures import is_permanent

@@ -32,6 +32,7 @@ from ..message import build_message
 from ..models import Attachment, Attempt, Delivery, Email
 from ..queue import Claimed, QueueEntry
 from . import sql
+from .backoff import Backoff, close_quietly, drop_db_connection
 from .faults import fault
 from .gate import Gate
 from .outcomes import (
@@ -144,7 +145,7 @@ class SenderLoop:
     def _idle(self, paused: bool = False) -> None:
         if self.backend_open:
             # Idle: close rather than let the server time us out mid-send.
-            _close_quietly(self.backend)
+            close_quietly(self.backend)
             self.backend_open = False
         if paused:
             # Not on the wake list: its tokens would only spin a paused thread.
@@ -184,7 +185,7 @@ class SenderLoop:
         except DatabaseError as exc:
             # Keep the outcome and the token: if the transaction did commit,
             # the retry finds both rows already written under our tokens.
-            _drop_db_connection()
+            drop_db_connection()
             self.pending.appendleft(item)
             self.tokens[item.id] = token
             self.pause.wait("the database", exc)
@@ -308,7 +309,7 @@ class SenderLoop:
                 return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started)
         if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
-            _close_quietly(self.backend)
+            close_quietly(self.backend)
             self.backend_open = False
         return settlement
 
@@ -346,7 +347,7 @@ class SenderLoop:
             with transaction.atomic():
                 return write_outcome(s, self.worker.clock.now(), self.worker.push_quietly)
 
-        changed = persist(write, s, self.worker.stop_event, _drop_db_connection)
+        changed = persist(write, s, self.worker.stop_event, drop_db_connection)
         self.settlement = None
         if changed is not None:
             self._settled(s, changed)
@@ -379,36 +380,3 @@ class SenderLoop:
                 len(entries),
                 exc,
             )
-
-
-class Backoff:
-    """Growing pause while Redis or the database is away, logged once per outage."""
-
-    def __init__(self, worker: Worker) -> None:
-        self.worker = worker
-        self.delay = 0.0
-
-    def reset(self) -> None:
-        if self.delay:
-            logger.info("connection restored")
-        self.delay = 0.0
-
-    def wait(self, what: str, exc: BaseException | None) -> None:
-        if not self.delay:
-            logger.warning("%s is unavailable (%s); backing off", what, exc or "error")
-        self.delay = min(max(self.delay * 2, 0.2), 5.0)
-        self.worker.stop_event.wait(self.delay)
-
-
-def _close_quietly(backend: BaseEmailBackend) -> None:
-    try:
-        backend.close()
-    except Exception:  # a dead connection may fail to say goodbye
-        logger.debug("closing the delivery connection failed", exc_info=True)
-
-
-def _drop_db_connection() -> None:
-    try:
-        connection.close()
-    except Exception:
-        logger.debug("closing the database connection failed", exc_info=True)

@@ -37,8 +37,9 @@ from ..clock import RedisClock
 from ..conf import outbox_settings
 from ..control import ControlView
 from ..queue import QueueEntry, RedisQueue
+from .backoff import close_quietly
 from .cache import EmailCache
-from .loop import SenderLoop, _close_quietly
+from .loop import SenderLoop
 from .report import Stats
 
 logger = logging.getLogger("outbox.worker")
@@ -176,7 +177,7 @@ class Worker:
             self.stop_event.set()
         finally:
             if backend is not None:
-                _close_quietly(backend)
+                close_quietly(backend)
             connection.close()
 
     # -- registration and heartbeat ------------------------------------------------
