@@ -1,13 +1,14 @@
-"""The PostgreSQL fast path of :mod:`outbox.api`: an email and its deliveries in one statement.
+"""The raw-SQL writes of enqueueing: ``enqueue_email`` on PostgreSQL, and ``enqueue_many``.
 
-Only the writing lives here: :func:`outbox.api.enqueue_email` decides when the
-path applies (no idempotency key, no attachments), makes the Message-IDs and
-schedules the Redis push and the signal for after the commit.
+The statements are in ``outbox/statements/``; this runs them and builds the
+rows' model instances without reading them back. Only the writing lives here:
+:mod:`outbox.api` and :mod:`outbox.bulk` decide when a path applies (no
+idempotency key, no attachments), make the Message-IDs and schedule the Redis
+push and the signal for after the commit.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -17,50 +18,9 @@ from django.db import connections
 
 from .conf import outbox_settings
 from .db import binding_cursor
-from .models import Delivery, Email, Suppression
+from .models import Delivery, Email
 from .prepare import Prepared
-
-# The email and all its deliveries in one statement (PostgreSQL): the
-# recipients travel as arrays instead of a VALUES row each, which is what
-# makes a 10,000-recipient call cheap. The deliveries' RETURNING is matched
-# back by Message-ID, which is unique, so no row order is assumed. The
-# suppression list is looked up in the same statement (its unique index on
-# ``address``): a suppressed recipient's row is written cancelled, with the
-# same last_error as ``outbox.suppression.suppressed`` gives elsewhere.
-_INSERT_SQL_POSTGRESQL = """
-WITH email AS (
-    INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers,
-        created_at)
-    VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-        %(headers)s::jsonb, %(now)s)
-    RETURNING id
-)
-INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT email.id, r.recipient,
-    CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
-    %(priority)s, 0, %(max_attempts)s,
-    %(not_before)s, %(expires_at)s, '', r.message_id,
-    CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
-        || ' is on the suppression list (' || s.source || ')'
-        || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
-    %(now)s, %(now)s
-FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
-    AS r(recipient, message_id, bare)
-LEFT JOIN {suppression} s ON s.address = r.bare
-RETURNING id, email_id, message_id, last_error
-"""
-
-
-# The same insert through the PL/pgSQL function of outbox/plpgsql.py, whose
-# statements keep their plans per connection (Django's defaults re-plan every
-# statement sent). Same parameters, same rows returned.
-_INSERT_CALL_POSTGRESQL = """
-SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
-    %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
-    %(bare)s::text[])
-"""
+from .statements import postgresql, sqlite
 
 
 def insert_postgresql(
@@ -80,10 +40,8 @@ def insert_postgresql(
     row (its ``pk`` set) and is cached on every delivery returned.
     """
     connection = connections[using]
-    if outbox_settings.POSTGRESQL_FUNCTIONS:
-        statement = _INSERT_CALL_POSTGRESQL
-    else:
-        statement = _plain_insert_sql()
+    functions = outbox_settings.POSTGRESQL_FUNCTIONS
+    statement = postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE
     with binding_cursor(connection) as cursor:
         cursor.execute(
             statement,
@@ -115,16 +73,6 @@ def insert_postgresql(
     reasons = {message_id: why for _pk, _email, message_id, why in returned}
     why = [reasons[m] for m in message_ids]
     return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
-
-
-@functools.cache
-def _plain_insert_sql() -> str:
-    # Formatted once, not once per call; quoted as PostgreSQL quotes names.
-    return _INSERT_SQL_POSTGRESQL.format(
-        email=f'"{Email._meta.db_table}"',
-        delivery=f'"{Delivery._meta.db_table}"',
-        suppression=f'"{Suppression._meta.db_table}"',
-    )
 
 
 def _deliveries(
@@ -185,68 +133,11 @@ class BulkRow(NamedTuple):
     why: list[str]  # per recipient: why it is suppressed, or ""
 
 
-# PostgreSQL, one statement per chunk: the email ids are drawn from the
-# table's own sequence first (``ids``), so each item's deliveries name their
-# email by the item's position, with no reliance on the order RETURNING
-# gives. Every column travels as one array.
-_INSERT_MANY_SQL_POSTGRESQL = """
-WITH ids AS MATERIALIZED (
-    SELECT g AS item, nextval(pg_get_serial_sequence(%(email_table)s, 'id')) AS id
-    FROM generate_series(1, %(count)s) AS g
-), email AS (
-    INSERT INTO {email} (id, subject, body, html_message, from_email, reply_to, headers,
-        created_at)
-    SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
-        %(now)s
-    FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
-        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[])
-        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, item)
-    JOIN ids USING (item)
-    RETURNING id
-)
-INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT email.id, d.recipient,
-    CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
-    d.priority, 0, d.max_attempts, d.not_before, d.expires_at, '', d.message_id, d.why,
-    %(now)s, %(now)s
-FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[],
-    %(why)s::text[], %(priorities)s::text[], %(max_attempts)s::integer[],
-    %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])
-    AS d(item, recipient, message_id, why, priority, max_attempts, not_before, expires_at)
-JOIN ids USING (item)
-JOIN email ON email.id = ids.id
-RETURNING id, email_id, message_id
-"""
-
-# SQLite, two statements per chunk, each with one JSON parameter (no limit on
-# the number of items). Within one INSERT the new ids are consecutive and
-# given in the order of ORDER BY, so the sorted ids pair with the items.
-_INSERT_EMAILS_SQL_SQLITE = """
-INSERT INTO {email} (subject, body, html_message, from_email, reply_to, headers, created_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), %s
-FROM json_each(%s) ORDER BY key
-RETURNING id
-"""
-
-_INSERT_DELIVERIES_SQL_SQLITE = """
-INSERT INTO {delivery} (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
-    CASE WHEN json_extract(value, '$[3]') = '' THEN %s ELSE %s END,
-    json_extract(value, '$[4]'), 0, json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), '', json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s, %s
-FROM json_each(%s)
-RETURNING id, message_id
-"""
-
-
 def insert_many(
     rows: Sequence[BulkRow], *, using: str, now: datetime
 ) -> tuple[list[Email], list[list[Delivery]]]:
     """Insert one email per row and its deliveries; return both, in row order."""
     connection = connections[using]
-    quote = connection.ops.quote_name
-    tables = {"email": quote(Email._meta.db_table), "delivery": quote(Delivery._meta.db_table)}
     emails = [
         Email(
             subject=r.prepared.subject,
@@ -261,9 +152,7 @@ def insert_many(
     ]
     with binding_cursor(connection) as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(
-                _INSERT_MANY_SQL_POSTGRESQL.format(**tables), _postgresql_params(rows, tables, now)
-            )
+            cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows, now))
             returned = cursor.fetchall()
             email_ids = {message_id: email_id for _pk, email_id, message_id in returned}
             for email, r in zip(emails, rows, strict=True):
@@ -271,11 +160,11 @@ def insert_many(
         else:
             ops = connection.ops
             at = ops.adapt_datetimefield_value(now)
-            cursor.execute(_INSERT_EMAILS_SQL_SQLITE.format(**tables), [at, _emails_json(rows)])
+            cursor.execute(sqlite.ENQUEUE_MANY_EMAILS, [at, _emails_json(rows)])
             for email, (pk,) in zip(emails, sorted(cursor.fetchall()), strict=True):
                 email.pk = pk
             cursor.execute(
-                _INSERT_DELIVERIES_SQL_SQLITE.format(**tables),
+                sqlite.ENQUEUE_MANY_DELIVERIES,
                 [
                     Delivery.Status.QUEUED,
                     Delivery.Status.CANCELLED,
@@ -305,9 +194,7 @@ def insert_many(
     return emails, deliveries
 
 
-def _postgresql_params(
-    rows: Sequence[BulkRow], tables: dict[str, str], now: datetime
-) -> dict[str, Any]:
+def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]:
     ps = [r.prepared for r in rows]
     per_delivery: dict[str, list[Any]] = {
         name: []
@@ -334,7 +221,7 @@ def _postgresql_params(
         per_delivery["not_befores"] += [r.not_before] * n
         per_delivery["expires"] += [p.expires_at] * n
     return {
-        "email_table": tables["email"],
+        "email_table": Email._meta.db_table,
         "count": len(rows),
         "now": now,
         "subjects": [p.subject for p in ps],

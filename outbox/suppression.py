@@ -82,7 +82,7 @@ def suppressed(using: str, addresses: Sequence[str]) -> dict[str, str]:
 
 
 def _why(address: str, reason: str, source: str) -> str:
-    # The same text as the PostgreSQL INSERT of outbox.enqueue_sql writes.
+    # The same text as the PostgreSQL INSERT of outbox/statements/postgresql.py writes.
     text = f"suppressed: {address} is on the suppression list ({source})"
     return (f"{text}: {reason}" if reason else text)[:2000]
 

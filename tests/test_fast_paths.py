@@ -2,7 +2,7 @@
 
 The step is step 4 (success) of the message in hand plus step 2 (claim) of the
 next. On PostgreSQL the worker runs it through the PL/pgSQL function the
-migrations create (``outbox/plpgsql.py``) unless ``POSTGRESQL_FUNCTIONS`` is
+migrations create (``outbox/statements/postgresql.py``) unless ``POSTGRESQL_FUNCTIONS`` is
 False, when it runs the same step as one plain statement. On SQLite it runs
 two statements on the DB-API connection; the plain form is Django's atomic()
 with the statements one by one. Each case puts two identical rows in the same

@@ -1,11 +1,17 @@
 """The worker's step and enqueue_email's insert as PL/pgSQL functions on PostgreSQL.
 
-See outbox/plpgsql.py. Elsewhere the migration does nothing.
+See outbox/statements/postgresql.py. Elsewhere the migration does nothing.
 """
 
 from django.db import migrations
 
-from outbox.plpgsql import DROP_ENQUEUE, DROP_STEP, ENQUEUE_V1, STEP_V1, run_on_postgresql
+from outbox.statements.postgresql import (
+    DROP_ENQUEUE,
+    DROP_STEP,
+    ENQUEUE_FUNCTION_V1,
+    STEP_FUNCTION_V1,
+    run_on_postgresql,
+)
 
 
 class Migration(migrations.Migration):
@@ -14,6 +20,6 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        migrations.RunPython(run_on_postgresql(STEP_V1), run_on_postgresql(DROP_STEP)),
-        migrations.RunPython(run_on_postgresql(ENQUEUE_V1), run_on_postgresql(DROP_ENQUEUE)),
+        migrations.RunPython(run_on_postgresql(STEP_FUNCTION_V1), run_on_postgresql(DROP_STEP)),
+        migrations.RunPython(run_on_postgresql(ENQUEUE_FUNCTION_V1), run_on_postgresql(DROP_ENQUEUE)),
     ]

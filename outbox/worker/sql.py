@@ -1,14 +1,13 @@
-"""The worker's statements, and the mapping of their rows, for each database.
+"""The worker's statements run, and their rows mapped, for each database.
 
 What runs once per email is raw SQL: the ORM's query building costs more CPU
-than the round trip. Each statement is still one conditional write, and every
-status test repeats the state the row must be in, so a stale id or a late
-worker changes nothing.
-
-Whether a row is due is decided by the database's own clock (``{db_now}``:
-``now()`` on PostgreSQL; SQLite has no server clock, so there it is Redis
-time), never by the worker host's clock; see ``outbox/clock.py``. Times the
-worker writes (``%(now)s``) are Redis time from its RedisClock.
+than the round trip. The statements themselves, with the rules they keep, are
+in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``): each is one
+conditional write that repeats the state the row must be in, so a stale id or
+a late worker changes nothing. Whether a row is due is decided by the
+database's own clock on PostgreSQL and by Redis time on SQLite, never by the
+worker host's clock; times the worker writes are Redis time from its
+RedisClock (see ``outbox/clock.py``).
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
+from types import ModuleType
 from typing import Any, NamedTuple
 
 from django.db import connection
@@ -25,99 +25,10 @@ from django.db.models.functions import Now
 
 from ..conf import outbox_settings
 from ..db import binding_cursor
-from ..models import Attachment, Delivery, Email
+from ..models import Delivery, Email
+from ..statements import postgresql, sqlite
 
 Status = Delivery.Status
-
-# The clock that decides whether a row is due, as each vendor writes it in SQL.
-# PostgreSQL: the server's own clock. SQLite has no server: its "now" would be
-# the clock of whichever host runs the statement, so the worker passes Redis
-# time instead (%(now)s), the clock that also promoted the id.
-_DB_NOW = {
-    "postgresql": "now()",
-}
-
-# Each finds its row by primary key. The status test is written as
-# ``(status = ...) IS TRUE``, which no index can serve, because PostgreSQL
-# otherwise may plan it on a partial index of queued rows when its statistics
-# say few rows are queued (a new table, or one analysed just after a drain):
-# each claim would then scan every queued row, and a burst of n emails would
-# cost O(n^2).
-
-# Step 4 for a success and step 2, with named parameters (``_params``); used
-# alone, and together in the PostgreSQL step statement below.
-_SENT_SQL = """
-UPDATE {delivery} SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
-    last_error = ''
-WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
-    AND claim_token = %(settle_token)s
-"""
-
-# A row whose ``expires_at`` has passed is claimed into ``cancelled`` instead
-# of ``processing`` (the same one conditional UPDATE, by the same clock as the
-# due test), without counting an attempt; its status, last in RETURNING, tells
-# the loop to drop it unsent.
-_CLAIM_SQL = """
-UPDATE {delivery} SET
-    status = CASE WHEN expires_at <= {db_now} THEN %(cancelled)s ELSE %(processing)s END,
-    last_error = CASE WHEN expires_at <= {db_now} THEN %(expired)s ELSE last_error END,
-    worker_id = %(worker)s,
-    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-    attempts = attempts + CASE WHEN expires_at <= {db_now} THEN 0 ELSE 1 END
-WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= {db_now}
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
-"""
-
-# PostgreSQL: the success of the previous message (if any), the claim of the
-# next one and the next one's content, in one statement. A statement run in
-# autocommit is its own transaction, so both UPDATEs commit together or not at
-# all. They touch different rows; a CTE's RETURNING is all the SELECT reads.
-# The email's content is skipped when the worker has it cached (%(known)s).
-_STEP_SQL_POSTGRESQL = (
-    "WITH settled AS ("
-    + _SENT_SQL
-    + "RETURNING id\n), claimed AS ("
-    + _CLAIM_SQL
-    + """)
-SELECT (SELECT count(*) FROM settled),
-    c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
-    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
-    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id),
-    c.status
-FROM (VALUES (1)) AS one
-LEFT JOIN claimed c ON true
-LEFT JOIN {email} e ON e.id = c.email_id AND e.id <> %(known)s
-"""
-)
-
-# The same step through the PL/pgSQL function of outbox/plpgsql.py, whose
-# statements keep their plans for the life of the connection: at Django's
-# defaults this saves the planning the statement above pays on every call.
-# Same parameters, same row.
-_STEP_CALL_POSTGRESQL = """
-SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
-    %(now)s, %(known)s, %(expired)s)
-"""
-
-# SQLite: the claim returns the email's content too, as one JSON array built by
-# a subquery (SQLite has no data-modifying CTE), unless the worker has it cached.
-# The attachments test is inside it, so the whole step is two statements.
-_CLAIM_SQL_SQLITE = (
-    _CLAIM_SQL.rstrip()
-    + """,
-    CASE WHEN email_id = %(known)s THEN NULL ELSE (
-        SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
-            json(e.headers), EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id))
-        FROM {email} e WHERE e.id = email_id
-    ) END
-"""
-)
-
-_EMAIL_SQL = """
-SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
-    EXISTS (SELECT 1 FROM {attachment} a WHERE a.email_id = e.id)
-FROM {email} e WHERE e.id = %s
-"""
 
 
 class ClaimedRow(NamedTuple):
@@ -131,20 +42,9 @@ class ClaimedRow(NamedTuple):
 EXPIRED_ERROR = "expired: not sent before its expires_at; cancelled at claim"
 
 
-def sql_text(template: str) -> str:
-    return _sql_for_vendor(template, connection.vendor)
-
-
-@functools.cache
-def _sql_for_vendor(template: str, vendor: str) -> str:
-    # Formatted once per statement, not once per email.
-    quote = connection.ops.quote_name
-    return template.format(
-        db_now=_DB_NOW.get(vendor, "%(now)s"),
-        delivery=quote(Delivery._meta.db_table),
-        email=quote(Email._meta.db_table),
-        attachment=quote(Attachment._meta.db_table),
-    )
+def _statements() -> ModuleType:
+    """This connection's statements: PostgreSQL's, or SQLite's (which take the clock)."""
+    return postgresql if connection.vendor == "postgresql" else sqlite
 
 
 def _params(
@@ -216,7 +116,7 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     """
     with connection.cursor() as cursor:
         cursor.execute(
-            sql_text(_CLAIM_SQL), _params(now, claim_id=pk, worker=worker_id, token=token)
+            _statements().CLAIM, _params(now, claim_id=pk, worker=worker_id, token=token)
         )
         row = cursor.fetchone()
     if row is None:
@@ -238,12 +138,10 @@ def step_postgresql(
     Returns how many rows the success UPDATE changed and the claimed row (with
     its email's content unless it is ``known_email``), or None.
     """
-    statement = (
-        _STEP_CALL_POSTGRESQL if outbox_settings.POSTGRESQL_FUNCTIONS else _STEP_SQL_POSTGRESQL
-    )
+    statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(connection) as cursor:
         cursor.execute(
-            sql_text(statement),
+            statement,
             _params(
                 now,
                 settle_id=settle[0] if settle is not None else None,
@@ -300,10 +198,10 @@ def step_sqlite(
         cursor.execute("BEGIN IMMEDIATE")
         try:
             if settle is not None:
-                cursor.execute(_sqlite_text(_SENT_SQL), params)
+                cursor.execute(_dbapi_text(sqlite.SENT), params)
                 settled = cursor.rowcount
             if claim_id is not None:
-                cursor.execute(_sqlite_text(_CLAIM_SQL_SQLITE), params)
+                cursor.execute(_dbapi_text(sqlite.CLAIM_WITH_CONTENT), params)
                 row = cursor.fetchone()
             cursor.execute("COMMIT")
         except BaseException:
@@ -324,22 +222,22 @@ def step_sqlite(
 
 
 @functools.cache
-def _sqlite_text(template: str) -> str:
+def _dbapi_text(template: str) -> str:
     # The DB-API's own placeholders (:name), as Django's SQLite cursor would write them.
     names = _params(datetime(2000, 1, 1)).keys()
-    return _sql_for_vendor(template, "sqlite") % {name: f":{name}" for name in names}
+    return template % {name: f":{name}" for name in names}
 
 
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
     with connection.cursor() as cursor:
-        cursor.execute(sql_text(_SENT_SQL), _params(now, settle_id=pk, settle_token=token))
+        cursor.execute(_statements().SENT, _params(now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
 def load_email(email_id: int) -> tuple[Email, bool]:
     """The email's content and whether it has attachments, in one query."""
     with connection.cursor() as cursor:
-        cursor.execute(sql_text(_EMAIL_SQL), [email_id])
+        cursor.execute(_statements().EMAIL, [email_id])
         row = cursor.fetchone()
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")
@@ -354,7 +252,7 @@ def _json(value: Any) -> Any:
 def due_clock(redis_now: datetime) -> Now | datetime:
     """The clock of the claim statement's due test, for an ORM filter.
 
-    The same rule as ``{db_now}`` above: the database's clock on PostgreSQL,
-    Redis time (passed in) elsewhere.
+    The same rule as the statements': the database's clock on PostgreSQL,
+    Redis time (passed in) on SQLite.
     """
-    return Now() if connection.vendor in _DB_NOW else redis_now
+    return Now() if connection.vendor == "postgresql" else redis_now

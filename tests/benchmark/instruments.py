@@ -78,7 +78,7 @@ class Instruments:
             # A CTE statement writes if any of its parts does (the worker's step).
             kind = "WITH (write)" if _WRITES.search(sql) else "WITH (read)"
         elif kind == "SELECT" and _OUTBOX_FUNCTION.search(sql):
-            # The PL/pgSQL step and enqueue functions write (outbox/plpgsql.py).
+            # The PL/pgSQL step and enqueue functions write (outbox/statements/postgresql.py).
             kind = "FUNCTION (write)"
         in_tx = context["connection"].in_atomic_block
         start = time.perf_counter()

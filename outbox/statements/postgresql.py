@@ -1,0 +1,290 @@
+"""The PostgreSQL hot path, whole: every statement that runs once per email or per call.
+
+What is here, in the order an email meets it:
+
+- ``ENQUEUE`` / ``ENQUEUE_CALL``: ``enqueue_email``'s common case (no
+  idempotency key, no attachments): the email and one delivery per recipient
+  in one statement, the suppression list looked up inside it;
+- ``ENQUEUE_MANY``: one chunk of ``enqueue_many``, one statement;
+- ``STEP`` / ``STEP_CALL``: the worker's step, the success of the message in
+  hand (step 4) and the claim of the next one (step 2) with its content;
+- ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
+  path (any outcome other than a success);
+- the PL/pgSQL functions behind the ``..._CALL`` statements, which migration
+  0005 creates (``STEP_FUNCTION_V1``, ``ENQUEUE_FUNCTION_V1``).
+
+The code that runs them is in ``outbox/worker/sql.py`` and
+``outbox/enqueue_sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
+
+Why functions: at Django's defaults (no ``prepare_threshold``, and always
+behind a transaction-pooling PgBouncer) every statement a client sends is
+parsed and planned anew, and for these one-row statements planning costs
+PostgreSQL about as much CPU as running them. PL/pgSQL caches the plans of the
+statements inside a function for the life of the session, so a call costs one
+parse of ``SELECT * FROM outbox_step(...)`` and runs cached plans: the saving
+of prepared statements, without needing them. With
+``OUTBOX["POSTGRESQL_FUNCTIONS"] = False`` the plain statements run instead;
+``tests/test_fast_paths.py`` runs every transition both ways and compares the
+rows.
+
+The rules every statement keeps:
+
+- each write is one conditional statement on rows found by primary key that
+  repeats the status the row must be in, so a stale id or a late worker
+  changes nothing; a statement (or a function call) run in autocommit is its
+  own transaction, so the two writes of the step commit together or not at all;
+- the status test is written ``(status = ...) IS TRUE``, which no index can
+  serve: PostgreSQL otherwise may plan it on a partial index of queued rows
+  when its statistics say few rows are queued (a new table, or one analysed
+  just after a drain), and each claim would then scan every queued row, so a
+  burst of n emails would cost O(n^2);
+- whether a row is due or expired is decided by the server's clock, ``now()``,
+  never by the worker host's; the times the worker writes (``%(now)s``) are
+  Redis time from its RedisClock (see ``outbox/clock.py``);
+- parameters are named (``%(name)s``); table names and status values are
+  written out: the tables are the app's own, and a status value is stored in
+  the rows, so changing one would need a data migration anyway.
+
+Each function's DDL is frozen once a migration uses it: a change is a new
+constant (``..._V2``) and a new migration, so that migrating an old database
+replays the history it had.
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
+
+# -- enqueue ----------------------------------------------------------------------------
+
+# The email and all its deliveries: the recipients travel as arrays instead of
+# a VALUES row each (that is what makes a 10,000-recipient call cheap), and
+# RETURNING is matched back by Message-ID, which is unique, so no row order is
+# assumed. A suppressed recipient's row is written cancelled, with the text
+# ``outbox.suppression.reason`` gives elsewhere.
+ENQUEUE = """
+WITH email AS (
+    INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+        %(headers)s::jsonb, %(now)s)
+    RETURNING id
+)
+INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT email.id, r.recipient,
+    CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
+    %(priority)s, 0, %(max_attempts)s,
+    %(not_before)s, %(expires_at)s, '', r.message_id,
+    CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+        || ' is on the suppression list (' || s.source || ')'
+        || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+    %(now)s, %(now)s
+FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
+    AS r(recipient, message_id, bare)
+LEFT JOIN outbox_suppression s ON s.address = r.bare
+RETURNING id, email_id, message_id, last_error
+"""
+
+# The same through ENQUEUE_FUNCTION_V1: same parameters, same rows returned.
+ENQUEUE_CALL = """
+SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
+    %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
+    %(bare)s::text[])
+"""
+
+# One chunk of enqueue_many: the email ids are drawn from the table's sequence
+# first (``ids``), so each item's deliveries name their email by the item's
+# position, with no reliance on the order RETURNING gives. Every column
+# travels as one array.
+ENQUEUE_MANY = """
+WITH ids AS MATERIALIZED (
+    SELECT g AS item, nextval(pg_get_serial_sequence(%(email_table)s, 'id')) AS id
+    FROM generate_series(1, %(count)s) AS g
+), email AS (
+    INSERT INTO outbox_email (id, subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
+        %(now)s
+    FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
+        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[])
+        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, item)
+    JOIN ids USING (item)
+    RETURNING id
+)
+INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT email.id, d.recipient,
+    CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
+    d.priority, 0, d.max_attempts, d.not_before, d.expires_at, '', d.message_id, d.why,
+    %(now)s, %(now)s
+FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[],
+    %(why)s::text[], %(priorities)s::text[], %(max_attempts)s::integer[],
+    %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])
+    AS d(item, recipient, message_id, why, priority, max_attempts, not_before, expires_at)
+JOIN ids USING (item)
+JOIN email ON email.id = ids.id
+RETURNING id, email_id, message_id
+"""
+
+# -- the worker ---------------------------------------------------------------------------
+
+# Step 4 for a success.
+SENT = """
+UPDATE outbox_delivery SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
+    last_error = ''
+WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
+    AND claim_token = %(settle_token)s
+"""
+
+# Step 2. A row whose ``expires_at`` has passed is claimed into ``cancelled``
+# instead of ``processing``, without counting an attempt; its status, last in
+# RETURNING, tells the worker to drop it unsent.
+CLAIM = """
+UPDATE outbox_delivery SET
+    status = CASE WHEN expires_at <= now() THEN %(cancelled)s ELSE %(processing)s END,
+    last_error = CASE WHEN expires_at <= now() THEN %(expired)s ELSE last_error END,
+    worker_id = %(worker)s,
+    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
+    attempts = attempts + CASE WHEN expires_at <= now() THEN 0 ELSE 1 END
+WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= now()
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
+"""
+
+# Steps 4 and 2 and the next email's content in one statement. They touch
+# different rows; a CTE's RETURNING is all the SELECT reads. The content is
+# skipped when the worker has it cached (%(known)s).
+STEP = (
+    "WITH settled AS ("
+    + SENT
+    + "RETURNING id\n), claimed AS ("
+    + CLAIM
+    + """)
+SELECT (SELECT count(*) FROM settled),
+    c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
+    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
+    c.status
+FROM (VALUES (1)) AS one
+LEFT JOIN claimed c ON true
+LEFT JOIN outbox_email e ON e.id = c.email_id AND e.id <> %(known)s
+"""
+)
+
+# The same step through STEP_FUNCTION_V1: same parameters, same row.
+STEP_CALL = """
+SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
+    %(now)s, %(known)s, %(expired)s)
+"""
+
+# An email's content, when the claim did not bring it.
+EMAIL = """
+SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+FROM outbox_email e WHERE e.id = %s
+"""
+
+# -- the PL/pgSQL functions (created by migration 0005) -----------------------------------
+
+STEP_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_step(
+    p_settle_id bigint, p_settle_token uuid,
+    p_claim_id bigint, p_worker varchar, p_token uuid,
+    p_now timestamptz, p_known bigint, p_expired_error text,
+    OUT settled integer,
+    OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
+    OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
+    OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
+    OUT reply_to jsonb, OUT headers jsonb, OUT has_attachments boolean,
+    OUT claimed_status varchar
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    settled := 0;
+    IF p_settle_id IS NOT NULL THEN
+        UPDATE outbox_delivery AS d
+        SET status = 'sent', sent_at = p_now, updated_at = p_now, last_error = ''
+        WHERE d.id = p_settle_id AND (d.status = 'processing') IS TRUE
+            AND d.claim_token = p_settle_token;
+        GET DIAGNOSTICS settled = ROW_COUNT;
+    END IF;
+    IF p_claim_id IS NULL THEN
+        RETURN;
+    END IF;
+    -- A row past its expires_at is claimed into 'cancelled' instead, without
+    -- counting an attempt; the caller drops it unsent.
+    UPDATE outbox_delivery AS d
+    SET status = CASE WHEN d.expires_at <= now() THEN 'cancelled' ELSE 'processing' END,
+        last_error = CASE WHEN d.expires_at <= now() THEN p_expired_error ELSE d.last_error END,
+        worker_id = p_worker, claim_token = p_token,
+        processing_started_at = p_now, updated_at = p_now,
+        attempts = d.attempts + CASE WHEN d.expires_at <= now() THEN 0 ELSE 1 END
+    WHERE d.id = p_claim_id AND (d.status = 'queued') IS TRUE AND d.not_before <= now()
+    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id,
+        d.status
+    INTO email_id, recipient, priority, attempts, max_attempts, message_id, claimed_status;
+    IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
+        RETURN;
+    END IF;
+    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+        EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+    INTO subject, body, html_message, from_email, reply_to, headers, has_attachments
+    FROM outbox_email e WHERE e.id = email_id;
+END
+$$
+"""
+
+DROP_STEP = (
+    "DROP FUNCTION IF EXISTS outbox_step("
+    "bigint, uuid, bigint, varchar, uuid, timestamptz, bigint, text)"
+)
+
+ENQUEUE_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipients text[], p_message_ids text[], p_bare text[]
+) RETURNS TABLE (id bigint, email_id bigint, message_id varchar, last_error text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_email bigint;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_now)
+    RETURNING e.id INTO new_email;
+    RETURN QUERY
+    INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
+        max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+        updated_at)
+    SELECT new_email, r.recipient,
+        CASE WHEN s.address IS NULL THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', r.message_id,
+        CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+        p_now, p_now
+    FROM unnest(p_recipients, p_message_ids, p_bare) AS r(recipient, message_id, bare)
+    LEFT JOIN outbox_suppression s ON s.address = r.bare
+    RETURNING d.id, d.email_id, d.message_id, d.last_error;
+END
+$$
+"""
+
+DROP_ENQUEUE = (
+    "DROP FUNCTION IF EXISTS outbox_enqueue(text, text, text, varchar, jsonb, jsonb, "
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[])"
+)
+
+
+def run_on_postgresql(sql: str) -> object:
+    """A RunPython callable that runs ``sql`` on PostgreSQL and does nothing elsewhere."""
+
+    def run(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(sql)
+
+    return run

@@ -1,0 +1,90 @@
+"""The SQLite hot path, whole: every statement that runs once per email or per call.
+
+- ``SENT``, ``CLAIM``, ``CLAIM_WITH_CONTENT``: the worker's step, the success
+  of the message in hand (step 4) and the claim of the next one (step 2),
+  written in one transaction (SQLite has no data-modifying CTE); the claim
+  returns the email's content too;
+- ``EMAIL``: an email's content, when the claim did not bring it;
+- ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
+  ``enqueue_many``, two statements.
+
+``enqueue_email`` itself goes through the ORM on SQLite (one look-up of the
+suppression list, then the email and its deliveries, with ``bulk_create``, in
+one transaction; see ``outbox/api.py``), the same path that serves attachments
+and idempotency keys everywhere. The code that runs the statements here is in
+``outbox/worker/sql.py`` (``step_sqlite``) and ``outbox/enqueue_sql.py``;
+PostgreSQL's hot path is ``postgresql.py``.
+
+The same rules as PostgreSQL's, with one difference. SQLite has no server
+clock: its ``now`` would be the clock of whichever host runs the statement, so
+whether a row is due or expired is decided by Redis time, passed in as
+``%(now)s``, the clock that also promoted the id (see ``outbox/clock.py``).
+Each write is one conditional statement on a row found by primary key that
+repeats the status the row must be in; parameters are named (``%(name)s``).
+"""
+
+# -- the worker ---------------------------------------------------------------------------
+
+# Step 4 for a success.
+SENT = """
+UPDATE outbox_delivery SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
+    last_error = ''
+WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
+    AND claim_token = %(settle_token)s
+"""
+
+# Step 2. A row whose ``expires_at`` has passed is claimed into ``cancelled``
+# instead of ``processing``, without counting an attempt; its status, last in
+# RETURNING, tells the worker to drop it unsent.
+CLAIM = """
+UPDATE outbox_delivery SET
+    status = CASE WHEN expires_at <= %(now)s THEN %(cancelled)s ELSE %(processing)s END,
+    last_error = CASE WHEN expires_at <= %(now)s THEN %(expired)s ELSE last_error END,
+    worker_id = %(worker)s,
+    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
+    attempts = attempts + CASE WHEN expires_at <= %(now)s THEN 0 ELSE 1 END
+WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= %(now)s
+RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
+"""
+
+# Step 2 as the step runs it: the email's content comes back too, as one JSON
+# array built by a subquery, unless the worker has it cached (%(known)s).
+CLAIM_WITH_CONTENT = (
+    CLAIM.rstrip()
+    + """,
+    CASE WHEN email_id = %(known)s THEN NULL ELSE (
+        SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
+            json(e.headers), EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id))
+        FROM outbox_email e WHERE e.id = email_id
+    ) END
+"""
+)
+
+# An email's content, when the claim did not bring it.
+EMAIL = """
+SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+FROM outbox_email e WHERE e.id = %s
+"""
+
+# -- enqueue_many -----------------------------------------------------------------------
+
+# One chunk, each statement with one JSON parameter (no limit on the number of
+# items). Within one INSERT the new ids are consecutive and given in the order
+# of ORDER BY, so the sorted ids pair with the items.
+ENQUEUE_MANY_EMAILS = """
+INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers, created_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), %s
+FROM json_each(%s) ORDER BY key
+RETURNING id
+"""
+
+ENQUEUE_MANY_DELIVERIES = """
+INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
+    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+    CASE WHEN json_extract(value, '$[3]') = '' THEN %s ELSE %s END,
+    json_extract(value, '$[4]'), 0, json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), '', json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s, %s
+FROM json_each(%s)
+RETURNING id, message_id
+"""
