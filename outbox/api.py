@@ -18,11 +18,12 @@ import logging
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any
 
 from django.db import connections, router, transaction
 from django.utils import timezone
+from redis import Redis
 
 from . import signals
 from .conf import outbox_settings
@@ -34,7 +35,7 @@ from .prepare import MAX_ATTEMPTS_LIMIT as MAX_ATTEMPTS_LIMIT
 from .prepare import UNDISCLOSED_RECIPIENTS as UNDISCLOSED_RECIPIENTS
 from .prepare import Prepared, prepare
 from .prepare import prepare_message as prepare_message
-from .queue import QueueEntry, RedisQueue
+from .queue import QueueEntry, RedisQueue, get_connection
 from .rendering import TemplateCache, render
 from .suppression import bare_address, suppressed
 
@@ -351,6 +352,18 @@ def _existing(using: str, key: str, recipients: list[str]) -> dict[str, Delivery
     return found
 
 
+def _queue() -> RedisQueue:
+    # One RedisQueue per client and prefix, not one per call: building its key
+    # names cost a web request as much as packing the push. Both are read live,
+    # so a changed setting (or a test's override) is still seen.
+    return _queue_for(get_connection(), outbox_settings.KEY_PREFIX)
+
+
+@lru_cache(maxsize=16)
+def _queue_for(client: Redis, prefix: str) -> RedisQueue:
+    return RedisQueue(client, prefix)
+
+
 def mirror(entries: list[QueueEntry], *, force: bool = False) -> bool:
     """Push rows to Redis, logging instead of raising when Redis is away.
 
@@ -359,7 +372,7 @@ def mirror(entries: list[QueueEntry], *, force: bool = False) -> bool:
     pushes even ids the dedup set says are waiting (see ``RedisQueue.push``).
     """
     try:
-        RedisQueue().push(entries, force=force)
+        _queue().push(entries, force=force)
     except Exception:
         logger.warning(
             "Redis is unreachable; %d queued deliveries stay in the database until "

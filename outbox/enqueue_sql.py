@@ -9,6 +9,7 @@ push and the signal for after the commit.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 from datetime import datetime
@@ -75,6 +76,18 @@ def insert_postgresql(
     return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
 
 
+@functools.cache
+def _delivery_defaults() -> tuple[list[str], dict[str, Any]]:
+    """Delivery's field names, and the defaults of those the insert does not set.
+
+    The fields whose default is callable (the timestamps) are always set by
+    the caller, so the defaults are computed once, not once per call.
+    """
+    fields = Delivery._meta.concrete_fields
+    defaults = {f.attname: None if callable(f.default) else f.get_default() for f in fields}
+    return [f.attname for f in fields], defaults
+
+
 def _deliveries(
     p: Prepared,
     email: Email,
@@ -89,9 +102,8 @@ def _deliveries(
     """The inserted rows as Delivery instances, without reading them back."""
     # Model.from_db() with every field is Django's fast way to build instances
     # (no per-keyword work): it matters at 10,000 recipients.
-    fields = Delivery._meta.concrete_fields
-    names = [f.attname for f in fields]
-    row: dict[str, Any] = {f.attname: f.get_default() for f in fields}
+    names, defaults = _delivery_defaults()
+    row = dict(defaults)
     row.update(
         email_id=email.pk,
         status=Delivery.Status.QUEUED,

@@ -140,7 +140,10 @@ class Delivery(models.Model):
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
     processing_started_at = models.DateTimeField(_("processing started"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
-    message_id = models.CharField(_("Message-ID"), max_length=255, unique=True)
+    # Unique through Meta.constraints, not unique=True: on PostgreSQL Django adds
+    # a second, varchar_pattern_ops index to a unique=True CharField (for LIKE
+    # queries nobody runs here), and every status change would write it too.
+    message_id = models.CharField(_("Message-ID"), max_length=255)
     last_error = models.TextField(_("last error"), blank=True, default="")
     # Not sent by then, never sent: the claim UPDATE and the sweeper cancel it.
     # NULL (no expiry) on the hot path, so its index below never sees those rows.
@@ -158,6 +161,7 @@ class Delivery(models.Model):
         verbose_name = _("delivery")
         verbose_name_plural = _("deliveries")
         constraints = [
+            models.UniqueConstraint(fields=["message_id"], name="outbox_delivery_message_id_uniq"),
             models.UniqueConstraint(
                 fields=["idempotency_key", "recipient"],
                 condition=Q(idempotency_key__isnull=False),
