@@ -191,6 +191,14 @@ def counts_section(db: str, counts: Any) -> list[str]:
         "and `Pipeline.execute` (EVALSHA of the claim script = 1); server commands: INFO "
         "stats total_commands_processed delta. Heartbeat/register traffic is included."
     )
+    if db == "sqlite":
+        md.append("")
+        md.append(
+            "On SQLite the worker's step runs on the DB-API connection (one BEGIN IMMEDIATE "
+            "... COMMIT per email, see outbox/worker/sql.py `step_sqlite`), outside Django's "
+            "execute wrappers and `_commit`: the SQL counts below miss it. The wall time and "
+            "the Redis counts are complete."
+        )
     md.append("")
     md.append("| measure | per email |")
     md.append("|---|---:|")
