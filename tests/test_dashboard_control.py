@@ -80,6 +80,7 @@ def test_unknown_before_anything_ran_then_running(viewer, queue):
     html = page(viewer)
     assert shown_state(html) == "running"
     assert "outbox-control-lost" not in html
+    assert 'id="outbox-control-no-domains"' in html and "outbox-control-domains" not in html
 
 
 def test_the_panel_shows_a_pause_made_by_the_command(viewer, queue):
@@ -104,6 +105,7 @@ def test_paused_and_slowed_domains_with_their_wait(viewer, queue):
     assert [row["domain"] for row in slow] == ["*", "slow.example"]
     assert slow[1]["remaining"] in ("1 min 30 s", "1 min 29 s", "1 min 28 s")
     assert "every domain" in html and "slow.example" in html
+    assert "outbox-control-no-domains" not in html
     assert "over.example" not in html
 
 
