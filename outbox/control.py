@@ -54,7 +54,6 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext_lazy as _
 
 from .queue import RedisQueue, _decode
-from .redis_cluster import slot_target
 
 logger = logging.getLogger("outbox.control")
 
@@ -131,11 +130,16 @@ def clean_domain(domain: str) -> str:
     return name
 
 
-def _run(queue: RedisQueue | None, *args: str) -> ControlState:
+def _call(queue: RedisQueue | None, *args: str) -> tuple[float, ControlState]:
+    """Run one operation of ``lua/control.lua``: ``(Redis' time, the hash after it)``."""
     queue = queue or RedisQueue()
-    _now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
+    now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
     decoded = [_decode(v) for v in flat]
-    return parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
+    return float(now), parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
+
+
+def _run(queue: RedisQueue | None, *args: str) -> ControlState:
+    return _call(queue, *args)[1]
 
 
 def pause(domain: str | None = None, queue: RedisQueue | None = None, by: str = "") -> ControlState:
@@ -186,14 +190,8 @@ def read(queue: RedisQueue | None = None) -> tuple[float, ControlState]:
     The time is what the switches' times compare with (a slow-down's end,
     a pause's start); ``outbox.status`` also reads the rate limits' use at it.
     """
-    queue = queue or RedisQueue()
-    pipe = queue.redis.pipeline(transaction=False)
-    # On a cluster, TIME from the primary that runs the scripts: their clock.
-    pipe.time(**slot_target(queue.redis, queue.control_key))
-    pipe.hgetall(queue.control_key)
-    (seconds, micros), raw = pipe.execute()
-    now = seconds + micros / 1_000_000
-    current = parse({_decode(k): _decode(v) for k, v in raw.items()})
+    # A script, not a pipeline with TIME: see "read" in lua/control.lua.
+    now, current = _call(queue, "read", "")
     # A domain whose wait is over is no longer slowed down, whatever the hash still says.
     slow = {d: until for d, until in current.slow_domains.items() if until > now}
     return now, dataclasses.replace(current, slow_domains=slow)

@@ -76,6 +76,9 @@ def test_unknown_before_anything_ran_then_running(viewer, queue):
     html = page(viewer)
     assert shown_state(html) == "unknown"
     assert "UNKNOWN" in html and "Redis holds no pause switches" in html
+    # Reading them creates nothing: their absence must keep meaning "not known".
+    assert shown_state(page(viewer)) == "unknown"
+    assert not queue.redis.exists(queue.control_key)
     control.resume(queue=queue)  # creates the switches, as every worker's start does
     html = page(viewer)
     assert shown_state(html) == "running"
