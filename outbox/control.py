@@ -130,24 +130,40 @@ def clean_domain(domain: str) -> str:
     return name
 
 
-def _run(queue: RedisQueue | None, *args: str) -> ControlState:
+def _call(queue: RedisQueue | None, *args: str) -> tuple[float, ControlState]:
+    """Run one operation of ``lua/control.lua``: ``(Redis' time, the hash after it)``."""
     queue = queue or RedisQueue()
-    _now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
+    now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
     decoded = [_decode(v) for v in flat]
-    return parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
+    return float(now), parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
 
 
-def pause(domain: str | None = None, queue: RedisQueue | None = None) -> ControlState:
-    """Stop claiming everywhere, or only for one recipient domain; returns the new state."""
-    state = _run(queue, "pause", clean_domain(domain) if domain else "")
-    logger.warning("sending paused%s by the operator", f" for {domain}" if domain else "")
+def _run(queue: RedisQueue | None, *args: str) -> ControlState:
+    return _call(queue, *args)[1]
+
+
+def pause(domain: str | None = None, queue: RedisQueue | None = None, by: str = "") -> ControlState:
+    """Stop claiming everywhere, or only for one recipient domain; returns the new state.
+
+    ``by`` names who asked (the dashboard passes the admin user), for the log
+    line an operator reads to learn who paused.
+    """
+    name = clean_domain(domain) if domain else ""
+    state = _run(queue, "pause", name)
+    logger.warning("sending paused%s by %s", f" for {name}" if name else "", by or "the operator")
     return state
 
 
-def resume(domain: str | None = None, queue: RedisQueue | None = None) -> ControlState:
-    """Undo :func:`pause` (a global resume also clears the "lost" mark); returns the new state."""
-    state = _run(queue, "resume", clean_domain(domain) if domain else "")
-    logger.warning("sending resumed%s by the operator", f" for {domain}" if domain else "")
+def resume(
+    domain: str | None = None, queue: RedisQueue | None = None, by: str = ""
+) -> ControlState:
+    """Undo :func:`pause` (a global resume also clears the "lost" mark); returns the new state.
+
+    ``by`` is logged as for :func:`pause`.
+    """
+    name = clean_domain(domain) if domain else ""
+    state = _run(queue, "resume", name)
+    logger.warning("sending resumed%s by %s", f" for {name}" if name else "", by or "the operator")
     return state
 
 
@@ -165,16 +181,20 @@ def sync(queue: RedisQueue, seen: ControlState | None) -> ControlState:
 
 def state(queue: RedisQueue | None = None) -> ControlState:
     """The switches now, read only (``known`` is False when Redis holds none)."""
-    queue = queue or RedisQueue()
-    pipe = queue.redis.pipeline(transaction=False)
-    pipe.time()
-    pipe.hgetall(queue.control_key)
-    (seconds, micros), raw = pipe.execute()
-    now = seconds + micros / 1_000_000
-    current = parse({_decode(k): _decode(v) for k, v in raw.items()})
+    return read(queue)[1]
+
+
+def read(queue: RedisQueue | None = None) -> tuple[float, ControlState]:
+    """``(Redis' time, the switches)``, read in one round trip.
+
+    The time is what the switches' times compare with (a slow-down's end,
+    a pause's start); ``outbox.status`` also reads the rate limits' use at it.
+    """
+    # A script, not a pipeline with TIME: see "read" in lua/control.lua.
+    now, current = _call(queue, "read", "")
     # A domain whose wait is over is no longer slowed down, whatever the hash still says.
     slow = {d: until for d, until in current.slow_domains.items() if until > now}
-    return dataclasses.replace(current, slow_domains=slow)
+    return now, dataclasses.replace(current, slow_domains=slow)
 
 
 class ControlView:

@@ -5,7 +5,9 @@ mail flows (sent and failed per minute over the last hour, drawn server-side as
 inline SVG), how far behind it is (the rows due now and the age of the oldest),
 whether the workers are alive (heartbeat age, and the rows each holds), what
 needs a person (the abandoned rows, linked to the filtered delivery list) and
-whether Redis agrees with the database.
+whether Redis agrees with the database; and the sending control: the pause
+switches with Pause/Resume buttons, and the rate limits' use
+(:mod:`outbox.dashboard_control`).
 
 The numbers are those of :func:`outbox.status.collect` (what ``manage.py
 outbox_status`` shows): five or six database queries and one Redis transaction
@@ -21,7 +23,9 @@ the page says which is which.
 :func:`install` adds the page to an :class:`~django.contrib.admin.AdminSite`
 (``outbox.admin`` installs it on the default site): its URL, and a
 "Dashboard" row in the outbox section of the app list. Only staff who may view
-deliveries see either; anyone else gets 403.
+deliveries see either; anyone else gets 403. The buttons' URL
+(``outbox/dashboard/control/``) takes POSTs from staff who may change
+deliveries only.
 """
 
 from __future__ import annotations
@@ -37,14 +41,14 @@ from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import Case, Count, DateTimeField, F, Q, When
 from django.db.models.functions import TruncMinute
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponseBase
 from django.template.response import TemplateResponse
 from django.urls import URLPattern, URLResolver, path, reverse
 from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext, ngettext
 
-from . import status
+from . import dashboard_control, status
 from .admin_cells import status_badge
 from .models import Delivery
 from .queue import RedisQueue
@@ -272,6 +276,7 @@ def dashboard_context(
         )
     if redis_part["ok"]:
         context.update(_worker_context(site, redis_part))
+        context["control"] = dashboard_control.control_context(redis_part)
     return context
 
 
@@ -302,6 +307,8 @@ def dashboard_view(request: HttpRequest, site: AdminSite) -> TemplateResponse:
         "geometry": _chart_geometry(),
         "workers_title": ngettext("%(count)d live worker", "%(count)d live workers", workers)
         % {"count": workers},
+        "can_change_control": dashboard_control.can_change(request),
+        "control_url": reverse(f"{site.name}:{dashboard_control.URL_NAME}"),
         **data,
     }
     return TemplateResponse(request, TEMPLATE, context)
@@ -335,9 +342,17 @@ def install(site: AdminSite) -> None:
     def view(request: HttpRequest) -> TemplateResponse:
         return dashboard_view(request, site)
 
+    def control(request: HttpRequest) -> HttpResponseBase:
+        return dashboard_control.control_view(request, site)
+
     def get_urls() -> list[URLPattern | URLResolver]:
         page = path("outbox/dashboard/", site.admin_view(view), name=URL_NAME)
-        return [page, *original_urls()]
+        buttons = path(
+            "outbox/dashboard/control/",
+            site.admin_view(control),
+            name=dashboard_control.URL_NAME,
+        )
+        return [page, buttons, *original_urls()]
 
     def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
         app_list = original_app_list(request, app_label)

@@ -12,12 +12,14 @@ outbox_status`` shows), read once per scrape: at most six database queries
 the sent rows when they are few enough to count, the due rows and the oldest
 of them, the rows sent lately, and the ids of the queued rows for the
 comparison with Redis, which is skipped above :data:`outbox.status.COMPARE_LIMIT`
-queued rows) and one Redis round trip or two; then ``outbox_sent_total``
+queued rows) and one Redis round trip or two, one more for the pause switches
+and one for the rate limits' use when limits are set; then ``outbox_sent_total``
 (:mod:`outbox.counters`): one query over the rows sent in the last minutes, and
 two Redis round trips. None of them reads the history of sent mail, so a scrape
 takes about as long on a million rows as on a hundred. Only counts and ages
 leave the process: never an address, a subject, a Message-ID, a worker id or
-an error message.
+an error message (the one label besides ``status`` is a rate limit's key: ``*``
+or a recipient domain, as configured).
 
 When Redis cannot be read the database families are still served, with
 ``outbox_redis_up 0``; when the database cannot be read, ``outbox_database_up
@@ -38,7 +40,7 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidde
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_safe
 
-from . import counters, status
+from . import counters, ratelimit, status
 from .conf import outbox_settings
 from .queue import RedisQueue
 
@@ -161,6 +163,54 @@ def _redis_families(redis: dict[str, Any], agreement: dict[str, Any] | None) -> 
                 missing,
             )
         )
+    return families + _control_families(redis["control"], redis["rate_limits"])
+
+
+def _control_families(control: dict[str, Any], limits: list[dict[str, Any]]) -> list[Family]:
+    """The pause switches (while Redis holds them) and each rate limit's use (when set).
+
+    Read in the snapshot's own round trips (``outbox.status``); the labels are
+    the limits' keys: ``*`` and recipient domains, never an address.
+    """
+    families = []
+    if control["known"]:
+        families += [
+            _one(
+                "outbox_paused",
+                "gauge",
+                "1 while all sending is paused (outbox_pause, or the admin dashboard), else 0. "
+                "Absent while Redis holds no pause switches: nothing has run since Redis "
+                "started, or Redis lost them (outbox_status says which).",
+                1 if control["paused"] else 0,
+            ),
+            _one(
+                "outbox_paused_domains",
+                "gauge",
+                "Recipient domains paused on their own (outbox_pause --domain). Absent as "
+                "outbox_paused.",
+                len(control["paused_domains"]),
+            ),
+        ]
+    if limits:
+        families += [
+            Family(
+                "outbox_rate_limit_used",
+                "gauge",
+                'Share of each RATE_LIMITS entry used in its current period, 0 to 1 (key="*" '
+                "is all sending, any other key a recipient domain). Present when limits are "
+                "set.",
+                tuple(
+                    ((("key", u["key"]),), ratelimit.LimitUsage(**u).used_fraction) for u in limits
+                ),
+            ),
+            Family(
+                "outbox_rate_limit_held",
+                "gauge",
+                "Deliveries waiting for a slot their rate limit reserved (its backlog), by "
+                "limit key. Present when limits are set.",
+                tuple(((("key", u["key"]),), u["held"]) for u in limits),
+            ),
+        ]
     return families
 
 

@@ -238,8 +238,11 @@ class LimitUsage(NamedTuple):
         return min(1.0, self.used / self.capacity)
 
 
-def usage(queue: RedisQueue | None = None) -> list[LimitUsage]:
+def usage(queue: RedisQueue | None = None, now: float | None = None) -> list[LimitUsage]:
     """Every configured limit with its current use and held backlog (one pipeline).
+
+    ``now`` is Redis' time if the caller has just read it (``outbox.status``
+    does, in its snapshot): it saves the round trip that reads it here.
 
     ``used`` counts sends in the current fixed window of one period (Redis
     time, aligned to the epoch), so it resets at each period's start; the
@@ -251,7 +254,8 @@ def usage(queue: RedisQueue | None = None) -> list[LimitUsage]:
     if not configured:
         return []
     queue = queue or RedisQueue()
-    now = queue.time()
+    if now is None:
+        now = queue.time()
     pipe = queue.redis.pipeline(transaction=False)
     for limit in configured.values():
         pipe.hmget(state_key(queue, limit.key), ["tat", "win", "used"])

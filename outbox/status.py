@@ -55,7 +55,8 @@ keys may be added; none is renamed or removed without a new ``version``):
         them), ``paused``, ``paused_since``, ``paused_domains`` and
         ``slow_domains`` (``{domain: Redis time}``: since when / held until),
         and ``lost_at`` (when a worker found them lost and restored what it
-        last saw; cleared by ``outbox_resume``).
+        last saw; cleared by ``outbox_resume``); ``read_at``: Redis' time
+        when they were read, which those times compare with.
     ``rate_limits``
         One entry per configured limit (``outbox.ratelimit.usage()``):
         ``{"key", "limit", "used" (sends in the current period),
@@ -416,10 +417,15 @@ def _not_compared() -> dict[str, Any]:
 
 
 def _sending_control(queue: RedisQueue) -> dict[str, Any]:
-    """The pause switches and the rate limits' use (``control`` and ``rate_limits``)."""
+    """The pause switches and the rate limits' use (``control`` and ``rate_limits``).
+
+    One round trip for the switches and Redis' time, one more for the limits
+    when there are any (read at that time, not at a second TIME).
+    """
     from . import control, ratelimit
 
+    now, switches = control.read(queue)
     return {
-        "control": control.state(queue).as_dict(),
-        "rate_limits": [{**u._asdict()} for u in ratelimit.usage(queue)],
+        "control": {**switches.as_dict(), "read_at": now},
+        "rate_limits": [{**u._asdict()} for u in ratelimit.usage(queue, now=now)],
     }

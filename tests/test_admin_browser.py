@@ -3,8 +3,8 @@
 Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
 "Mark as sent (confirmed in the mail logs)" and read the message. At 1,400 px
 (the app list folded away) the list neither scrolls sideways nor wraps a row. The
-operator also opens the dashboard from the admin index, reads its counts and follows
-its link to the abandoned rows. Screenshots of the list, of one delivery and of the
+operator also opens the dashboard from the admin index, reads its counts, follows
+its link to the abandoned rows, and pauses and resumes sending with its buttons. Screenshots of the list, of one delivery and of the
 dashboard go to ``tests/artifacts/``; with
 ``OUTBOX_UPDATE_SCREENSHOTS=1`` they are also copied to ``example_project/screenshots/``
 (the README shows them).
@@ -36,7 +36,7 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from outbox import enqueue_email
+from outbox import control, enqueue_email, ratelimit
 from outbox.admin_cells import SUBJECT_CHARS
 from outbox.models import Attempt, Delivery
 from outbox.queue import RedisQueue
@@ -315,11 +315,15 @@ def register_live_worker(held: list[int]) -> None:
     queue.redis.rpush(queue.processing_key(WORKER), *held)
 
 
-def test_operator_reads_the_dashboard(admin_live_server, django_user_model, browser):
+def test_operator_reads_the_dashboard(admin_live_server, django_user_model, browser, settings):
     live_server = admin_live_server
     django_user_model.objects.create_superuser(USERNAME, "operator@example.com", PASSWORD)
     counts = make_every_status()
     driver = browser
+    # Sending control as a running worker leaves it, with two limits, one of them in use.
+    settings.OUTBOX = {**settings.OUTBOX, "RATE_LIMITS": {"*": "14/s", "gmail.com": "20/m"}}
+    control.resume()
+    ratelimit.take(RedisQueue(), 1, ratelimit.applicable("gmail.com", ratelimit.limits()))
 
     # Log in to the index; the outbox section links to the dashboard.
     driver.get(f"{live_server.url}{reverse('admin:login')}?next={reverse('admin:index')}")
@@ -352,3 +356,20 @@ def test_operator_reads_the_dashboard(admin_live_server, django_user_model, brow
     assert "status__exact=abandoned" in driver.current_url
     badges = driver.find_elements(By.CSS_SELECTOR, "#result_list .outbox-status")
     assert [badge.text for badge in badges] == ["abandoned"] * 4
+
+    # The operator pauses all sending from the dashboard, and resumes it.
+    driver.get(live_server.url + reverse("admin:outbox_dashboard"))
+    state = driver.find_element(By.ID, "outbox-control-state")
+    assert state.get_attribute("data-state") == "running"
+    click_and_load(driver, driver.find_element(By.ID, "outbox-pause"))
+    message = driver.find_element(By.CSS_SELECTOR, ".messagelist li.success")
+    assert message.text == "Sending paused. Messages already being handed over finish."
+    assert driver.find_element(By.ID, "outbox-control-state").get_attribute("data-state") == (
+        "paused"
+    )
+    assert control.state().paused
+    click_and_load(driver, driver.find_element(By.ID, "outbox-resume"))
+    assert driver.find_element(By.CSS_SELECTOR, ".messagelist li.success").text == (
+        "Sending resumed."
+    )
+    assert not control.state().paused

@@ -18,7 +18,7 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import enqueue_email
+from outbox import control, enqueue_email, ratelimit
 from outbox.checks import check_metrics_token
 from outbox.metrics import CONTENT_TYPE, Family, authorized, render
 from outbox.models import Delivery
@@ -363,6 +363,50 @@ def test_sent_total_never_goes_down_when_old_rows_are_purged(client, queue):
     # Redis lost the checkpoint: the next scrape counts the rows again, from the database.
     queue.redis.delete(queue.sent_total_key)
     assert metrics(client)["outbox_sent_total"] == {"": 3}
+
+
+# -- sending control: the pause switches and the rate limits -------------------------
+
+
+def test_pause_families_follow_the_switches(client, queue):
+    # No switches in Redis yet (nothing has run): unknown, so absent.
+    values, types = parse(scrape(client).content.decode())
+    assert "outbox_paused" not in types and "outbox_paused_domains" not in types
+    control.resume(queue=queue)
+    values, types = parse(scrape(client).content.decode())
+    assert types["outbox_paused"] == types["outbox_paused_domains"] == "gauge"
+    assert values["outbox_paused"] == {"": 0} and values["outbox_paused_domains"] == {"": 0}
+    control.pause(queue=queue)
+    control.pause("gmail.com", queue=queue)
+    control.pause("example.org", queue=queue)
+    values = metrics(client)
+    assert values["outbox_paused"] == {"": 1} and values["outbox_paused_domains"] == {"": 2}
+    control.resume(queue=queue)
+    values = metrics(client)
+    assert values["outbox_paused"] == {"": 0} and values["outbox_paused_domains"] == {"": 2}
+
+
+def test_rate_limit_families_equal_usage_and_cost_no_query(client, queue, settings):
+    scrape(client)  # warm up (connections, and the sent counter's first checkpoint)
+    with CaptureQueriesContext(connection) as without_limits:
+        values, types = parse(scrape(client).content.decode())
+    assert "outbox_rate_limit_used" not in types and "outbox_rate_limit_held" not in types
+
+    settings.OUTBOX = {**settings.OUTBOX, "RATE_LIMITS": {"*": "1000/d", "example.org": "4/d"}}
+    checks = ratelimit.applicable("example.org", ratelimit.limits())
+    assert ratelimit.take(queue, 1, checks)[1] is None
+    assert ratelimit.take(queue, 2, checks)[1] is not None  # held for its slot
+    with CaptureQueriesContext(connection) as with_limits:
+        response = scrape(client)
+    values, types = parse(response.content.decode())
+    usage = ratelimit.usage(queue)
+    assert types["outbox_rate_limit_used"] == types["outbox_rate_limit_held"] == "gauge"
+    assert values["outbox_rate_limit_used"] == {u.key: u.used_fraction for u in usage}
+    assert values["outbox_rate_limit_used"] == {"*": 0.001, "example.org": 0.25}
+    assert values["outbox_rate_limit_held"] == {"*": 0, "example.org": 1}
+    assert 'outbox_rate_limit_used{key="*"} 0.001' in response.content.decode()
+    # Read from Redis in the snapshot: not one database query more.
+    assert len(with_limits) == len(without_limits)
 
 
 # -- the text format ----------------------------------------------------------------

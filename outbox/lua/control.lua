@@ -7,8 +7,12 @@
 -- ARGV[1] is the operation:
 --   pause <domain or ''> | resume <domain or ''> | slow <domain> <seconds>
 --   sync <generation the caller last saw, or ''> <fields to restore...>
--- Every operation creates the hash if it is missing (so that its absence
--- later means Redis lost it) and returns {Redis time, the hash as a flat list}.
+--   read ''   (outbox_status, the dashboard, metrics: changes nothing)
+-- Every operation but `read` creates the hash if it is missing (so that its
+-- absence later means Redis lost it); each returns {Redis time, the hash as a
+-- flat list}. `read` is a script rather than a pipeline with TIME because
+-- redis-py refuses TIME in a cluster pipeline, and so that the time is that
+-- of the primary holding the hash, the scripts' clock.
 --
 -- `sync` is how a lost pause survives: a worker that saw generation G and now
 -- finds the hash missing, or of another generation, writes back the pauses it
@@ -16,6 +20,9 @@
 -- the safe default when Redis forgets is the state the workers last saw.
 local now = redis_now()
 local op = ARGV[1]
+if op == 'read' then
+  return {time_reply(now), redis.call('HGETALL', KEYS[1])}
+end
 local existed = redis.call('EXISTS', KEYS[1]) == 1
 if not existed then
   redis.call('HSET', KEYS[1], 'created', time_reply(now))
