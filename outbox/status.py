@@ -107,15 +107,16 @@ keys may be added; none is renamed or removed without a new ``version``):
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 from django.db import connections, router
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q
 from django.utils import timezone
 
-from .conf import PRIORITIES, outbox_settings
+from .conf import PRIORITIES
 from .models import Delivery
 from .queue import RedisQueue
+from .status_redis import agreement_of, not_compared, read_redis
 
 # Re-exported: the outbox_status command imports them from here.
 from .status_render import render as render
@@ -156,13 +157,15 @@ def collect(queue: RedisQueue | None = None, now: datetime | None = None) -> dic
     """One snapshot of the outbox (see the module docstring for the keys)."""
     now = now or timezone.now()
     database, db_ids = _database(now)
-    redis_part, redis_ids = _redis(queue, now.timestamp(), compare=db_ids is not None)
+    redis_part, redis_ids = read_redis(
+        queue, now.timestamp(), compare=db_ids is not None, limit=COMPARE_LIMIT
+    )
     agreement = None
     if database["ok"] and redis_part["ok"]:
         if db_ids is not None and redis_ids is not None:
-            agreement = _agreement(db_ids, redis_ids)
+            agreement = agreement_of(db_ids, redis_ids)
         else:
-            agreement = {"ready": _not_compared(), "scheduled": _not_compared()}
+            agreement = {"ready": not_compared(), "scheduled": not_compared()}
         agreement["ready"].update(database=database["due"], redis=sum(redis_part["ready"].values()))
         agreement["scheduled"].update(database=database["scheduled"], redis=redis_part["scheduled"])
     return {
@@ -286,146 +289,3 @@ def _estimated_rows() -> int | None:
         cursor.execute(ESTIMATE_SQL, [connection.ops.quote_name(Delivery._meta.db_table)])
         row = cursor.fetchone()
     return None if row is None or row[0] is None else max(0, round(row[0]))
-
-
-# -- Redis ----------------------------------------------------------------------
-
-
-def _redis(
-    queue: RedisQueue | None, now: float, compare: bool
-) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
-    try:
-        return _read_redis(queue or RedisQueue(), now, compare)
-    except Exception as exc:  # unreachable, or misconfigured: say so
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
-
-
-def _read_redis(
-    queue: RedisQueue, now: float, compare: bool
-) -> tuple[dict[str, Any], dict[str, set[int]] | None]:
-    if compare:  # the database side is small enough: is Redis' too?
-        pipe = queue.redis.pipeline(transaction=False)
-        for key in queue.ready_keys:
-            pipe.llen(key)
-        pipe.zcard(queue.scheduled_key)
-        compare = sum(pipe.execute()) <= COMPARE_LIMIT
-
-    workers, dead, names, result = _read_redis_snapshot(queue, compare)
-    ready = dict(zip(PRIORITIES, (int(n) for n in result[: len(PRIORITIES)]), strict=True))
-    result = result[len(PRIORITIES) :]
-    scheduled = int(result.pop(0))
-    held = {name: [int(i) for i in result.pop(0)] for name in names}
-    timeout = outbox_settings.HEARTBEAT_TIMEOUT
-    report: dict[str, Any] = {
-        "ok": True,
-        "error": None,
-        "ready": ready,
-        "scheduled": scheduled,
-        "workers": [
-            {
-                "id": _text(w),
-                "heartbeat_age": round(max(0.0, now - float(score)), 3),
-                "alive": now - float(score) <= timeout,
-                "held": held[_text(w)],
-            }
-            for w, score in workers
-        ],
-        "dead_workers": [{"id": _text(w), "held": held[_text(w)]} for w in dead],
-        **_sending_control(queue),
-    }
-    if not compare:
-        return report, None
-    ready_ids: set[int] = set()
-    for values in result[: len(PRIORITIES)]:
-        ready_ids.update(int(i) for i in values)
-    scheduled_ids = {int(_text(m).partition(":")[0]) for m in result[len(PRIORITIES)]}
-    held_ids = {i for ids in held.values() for i in ids}
-    return report, {"ready": ready_ids, "scheduled": scheduled_ids, "held": held_ids}
-
-
-def _read_redis_snapshot(
-    queue: RedisQueue, compare: bool
-) -> tuple[list[tuple[bytes, float]], list[bytes], list[str], list[Any]]:
-    """``(workers, dead workers, their names, the rest of the MULTI's replies)``.
-
-    The rest is: the ready lists' lengths, the scheduled set's size, each named
-    worker's processing list, then (with ``compare``) every ready list and the
-    scheduled set's members.
-    """
-    redis = queue.redis
-    # Read everything in one MULTI, so that an id a worker claims meanwhile is
-    # seen either in a ready list or in its processing list, never in neither.
-    # A worker that registers between the two round trips is read again.
-    for _attempt in range(5):
-        workers = cast(
-            list[tuple[bytes, float]], redis.zrange(queue.workers_key, 0, -1, withscores=True)
-        )
-        dead = cast(list[bytes], redis.zrange(queue.dead_key, 0, -1))
-        names = [_text(w) for w, _score in workers] + [_text(w) for w in dead]
-        pipe = redis.pipeline(transaction=True)
-        pipe.zrange(queue.workers_key, 0, -1, withscores=True)
-        pipe.zrange(queue.dead_key, 0, -1)
-        for key in queue.ready_keys:
-            pipe.llen(key)
-        pipe.zcard(queue.scheduled_key)
-        for name in names:
-            pipe.lrange(queue.processing_key(name), 0, -1)
-        if compare:
-            for key in queue.ready_keys:
-                pipe.lrange(key, 0, -1)
-            pipe.zrange(queue.scheduled_key, 0, -1)
-        result = pipe.execute()
-        # Heartbeats change scores (and order), not membership.
-        if {w for w, _s in result[0]} == {w for w, _s in workers} and set(result[1]) == set(dead):
-            return result[0], result[1], names, result[2:]
-    raise RuntimeError("the set of workers kept changing; try again")
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-# -- agreement ------------------------------------------------------------------
-
-
-def _agreement(db: dict[str, set[int]], redis: dict[str, set[int]]) -> dict[str, Any]:
-    ready, scheduled, held = redis["ready"], redis["scheduled"], redis["held"]
-    anywhere = ready | scheduled | held
-    ready_missing = len(db["due"] - anywhere)
-    ready_stale = len(ready - db["due"])
-    scheduled_missing = len(db["scheduled"] - anywhere)
-    scheduled_stale = len(scheduled - db["scheduled"] - db["due"])
-    return {
-        "ready": {
-            "agrees": not ready_missing and not ready_stale,
-            "missing": ready_missing,
-            "stale": ready_stale,
-        },
-        "scheduled": {
-            "agrees": not scheduled_missing and not scheduled_stale,
-            "missing": scheduled_missing,
-            "stale": scheduled_stale,
-        },
-    }
-
-
-def _not_compared() -> dict[str, Any]:
-    return {"agrees": None, "missing": None, "stale": None}
-
-
-# -- sending control ----------------------------------------------------------------
-
-
-def _sending_control(queue: RedisQueue) -> dict[str, Any]:
-    """The pause switches and the rate limits' use (``control`` and ``rate_limits``).
-
-    One round trip for the switches and Redis' time, one more for the limits
-    when there are any (read at that time, not at a second TIME).
-    """
-    from . import control, ratelimit
-
-    now, switches = control.read(queue)
-    return {
-        "control": {**switches.as_dict(), "read_at": now},
-        "rate_limits": [{**u._asdict()} for u in ratelimit.usage(queue, now=now)],
-    }
