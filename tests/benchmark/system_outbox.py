@@ -60,11 +60,12 @@ def delivered() -> int:
     return Delivery.objects.filter(status="sent").count()
 
 
-# The worker configuration the README recommends on this benchmark's machine
-# (2 cores), per database: the targets are judged on these rows.
+# The worker configurations the README's "Throughput" recommends for this
+# benchmark's machine (2 cores, the database on the same host), per database:
+# the targets are judged on the best of them, and name it.
 DOCUMENTED = {
-    "postgres": "outbox_worker --processes 2 --concurrency 16",
-    "sqlite": "outbox_worker --concurrency 4",
+    "postgres": ("outbox_worker --concurrency 16", "outbox_worker --processes 2 --concurrency 16"),
+    "sqlite": ("outbox_worker --concurrency 1",),
 }
 
 
