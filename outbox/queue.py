@@ -11,8 +11,10 @@ and scripts stay legal on Redis Cluster:
 ``{p}:queued``                 set of ids waiting in a ready list or ``scheduled``:
                                the gate that keeps repeated mirroring from
                                duplicating ids
-``{p}:wake``                   tokens a blocked worker waits for (BLPOP); the
-                               claim itself is always a script
+``{p}:wake``                   tokens a blocked worker waits for (BLPOP): ids are
+                               ready, or one was scheduled earlier than any other
+                               (an idle worker blocks only until the earliest
+                               scheduled id is due); the claim is always a script
 ``{p}:processing:<worker>``    ids a worker incarnation has claimed (the
                                reliable-queue list)
 ``{p}:claims:<worker>``        each thread's last claim, so a retried claim
@@ -403,6 +405,11 @@ class RedisQueue:
 
     def scheduled_length(self) -> int:
         return int(self.redis.zcard(self.scheduled_key))
+
+    def next_scheduled_at(self) -> float | None:
+        """When the earliest id in ``scheduled`` falls due (Redis time), or None."""
+        first = self.redis.zrange(self.scheduled_key, 0, 0, withscores=True)
+        return float(first[0][1]) if first else None
 
     def queued_count(self) -> int:
         return int(self.redis.scard(self.queued_key))

@@ -315,3 +315,23 @@ def test_outbox_status_lists_each_limit(settings, queue):
     call_command("outbox_status", stdout=out)
     assert "* 14/s: 0 of 14 used this period, 0 held" in out.getvalue()
     assert "gmail.com 20/m: 0 of 20 used this period, 0 held" in out.getvalue()
+
+
+def test_an_idle_worker_wakes_when_a_held_or_scheduled_id_falls_due(settings, running):
+    """Nothing pushes when a scheduled id falls due: the idle wait must end by then.
+
+    With a long BLOCK_TIMEOUT, a row scheduled 0.5 s ahead is still sent within a
+    second or so, not after the block timeout.
+    """
+    settings.OUTBOX = {**settings.OUTBOX, "BLOCK_TIMEOUT": 8.0}
+    worker = running()
+    wait_until(lambda: worker.queue.live_workers(), timeout=10)
+    time.sleep(0.2)  # let its threads block on the wake token first
+    due = timezone.now() + timedelta(seconds=0.5)
+    [row] = enqueue_email("s", "b", None, ["later@example.com"], send_at=due)
+    wait_until(
+        lambda: Delivery.objects.filter(pk=row.pk, status=Delivery.Status.SENT).exists(),
+        timeout=4,
+    )
+    sent = Delivery.objects.get(pk=row.pk).sent_at
+    assert sent >= due

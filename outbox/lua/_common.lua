@@ -5,7 +5,8 @@
 --   KEYS[3] ready:high, KEYS[4] ready:normal, KEYS[5] ready:low   lists (LPUSH in, pop RIGHT)
 --   KEYS[6] workers   zset  worker incarnation -> last heartbeat (Redis time)
 --   KEYS[7] dead      zset  incarnation -> when it was declared dead (sweeper work list)
---   KEYS[8] wake      list  tokens that wake blocked workers (BLPOP); only while ids are ready
+--   KEYS[8] wake      list  tokens that wake blocked workers (BLPOP): ids are ready, or one
+--                           was scheduled earlier than any before it
 --   KEYS[9] processing:<incarnation>  list (only for scripts about one worker)
 --   KEYS[10] claims:<incarnation>     hash thread -> "nonce|id,prio,..." (its last claim)
 -- Priorities are 1 (high), 2 (normal), 3 (low); the ready list is KEYS[2 + prio].
@@ -73,14 +74,27 @@ local function push(id, prio, due, now, force)
   return 0, 0
 end
 
+-- When the earliest scheduled id falls due (math.huge: none is scheduled).
+local function earliest_scheduled()
+  local first = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  return first[2] and tonumber(first[2]) or math.huge
+end
+
 -- Push ARGV triples (id, prio, due) starting at ARGV[first]; wakes workers.
+-- An idle worker blocks only until the earliest scheduled id falls due (it
+-- asks before it blocks), so an id scheduled earlier than that wakes one
+-- worker too, to block again for the shorter time.
 -- Returns how many ids were new to the set.
 local function push_args(first, now, force)
   local added, readied = 0, 0
+  local earliest = earliest_scheduled()
   for i = first, #ARGV, 3 do
     local a, r = push(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), now, force)
     added = added + a
     readied = readied + r
+  end
+  if readied == 0 and earliest_scheduled() < earliest then
+    readied = 1
   end
   wake(readied)
   return added

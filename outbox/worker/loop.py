@@ -152,9 +152,24 @@ class SenderLoop:
             self.worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
             return
         try:
-            self.worker.queue.wait(outbox_settings.BLOCK_TIMEOUT)
+            self.worker.queue.wait(self._idle_timeout())
         except RedisError as exc:
             self.pause.wait("Redis", exc)
+
+    def _idle_timeout(self) -> float:
+        """How long to block on the wake token: at most until the next scheduled id is due.
+
+        Nothing wakes a worker when a scheduled id falls due (only pushes do), and
+        promotion happens in the claim. Without this, ids held for a rate limit's
+        slot, retries and ``send_at`` mail would wait up to BLOCK_TIMEOUT past
+        their time, and a limit's slots would go by unused.
+        """
+        timeout = outbox_settings.BLOCK_TIMEOUT
+        due = self.worker.queue.next_scheduled_at()
+        if due is not None:
+            # Never 0: BLPOP would block for ever.
+            timeout = max(0.01, min(timeout, due - self.worker.clock.time()))
+        return timeout
 
     def _hold_while_paused(self) -> None:
         """Paused by the operator: write the outcome in hand, give back the claimed ids."""

@@ -39,6 +39,7 @@ from tests.benchmark.common import (
 from tests.benchmark.dashboard import DashboardMixin
 from tests.benchmark.instruments import Instruments, profile_table
 from tests.benchmark.scale import ScaleMixin
+from tests.benchmark.sending import SendingMixin
 from tests.benchmark.systems import SYSTEMS
 
 
@@ -57,7 +58,7 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin, DashboardMixin, BulkMixin):
+class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -99,6 +100,8 @@ class Child(ScaleMixin, DashboardMixin, BulkMixin):
             self.bench_dashboard()
         if self.want("bulk") and self.vendor == "postgresql":
             self.bench_bulk()
+        if self.want("sending") and self.vendor == "postgresql":
+            self.bench_sending()
 
     # -- helpers ------------------------------------------------------------
 

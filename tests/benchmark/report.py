@@ -20,6 +20,7 @@ from typing import Any
 
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_section
+from tests.benchmark.sending import sending_section
 from tests.benchmark.targets import evaluate_targets
 
 
@@ -170,6 +171,7 @@ def build_report(
         md += scale_section(db, data["extra"].get("scale"))
         md += profile_section(db, data["extra"].get("profile"))
         md += dashboard_section(db, data["extra"].get("dashboard"))
+        md += sending_section(db, data["extra"].get("sending"))
     return "\n".join(md) + "\n", targets
 
 

@@ -8,6 +8,7 @@
 - BENCH_TMP: where django-mailer and django-post-office keep their lock files.
 """
 
+import json
 import os
 import tempfile
 
@@ -107,6 +108,9 @@ else:
 # Every system delivers through the same backend.
 EMAIL_BACKEND = DELIVERY_BACKEND
 OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND, "METRICS_TOKEN": "bench-only-metrics-token"}
+if os.environ.get("BENCH_RATE_LIMITS"):
+    # The sending-control part (tests/benchmark/sending.py).
+    OUTBOX["RATE_LIMITS"] = json.loads(os.environ["BENCH_RATE_LIMITS"])
 if os.environ.get("BENCH_OUTBOX_PLAIN_SQL"):
     # The worker's plain statement instead of the PL/pgSQL function (a comparison row).
     OUTBOX["POSTGRESQL_FUNCTIONS"] = False

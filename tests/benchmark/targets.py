@@ -23,6 +23,7 @@ from typing import Any
 
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_targets
+from tests.benchmark.sending import sending_targets
 from tests.benchmark.system_outbox import DOCUMENTED
 
 Target = tuple[str, str, str]  # target, measured, verdict
@@ -70,6 +71,7 @@ def evaluate_targets(
         *scale_target(rows, children),
         *dashboard_targets(children),
         *bulk_targets(rows),
+        *sending_targets(children),
     ]
 
 
