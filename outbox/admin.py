@@ -337,6 +337,7 @@ class EmailAdmin(admin.ModelAdmin):
     fields = (
         "subject",
         "from_email",
+        "mailer",
         "reply_to",
         "headers",
         "created_at",

@@ -64,6 +64,7 @@ def enqueue_email(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     expires_at: datetime | None = None,
+    mailer: str | None = None,
 ) -> list[Delivery]:
     """Queue an email: one :class:`~outbox.models.Delivery` per distinct recipient.
 
@@ -85,6 +86,11 @@ def enqueue_email(
     recipient on the suppression list (:mod:`outbox.suppression`) gets a
     delivery that is ``cancelled`` at once and never pushed.
 
+    With ``mailer`` (an alias of ``MAILERS`` on Django 6.1, else a key of
+    ``OUTBOX["BACKENDS"]``), the worker delivers every copy through that
+    backend instead of its default one (see :mod:`outbox.mailers`); an
+    unknown mailer is a ``ValidationError`` on ``mailer``.
+
     Raises :class:`~django.core.exceptions.ValidationError` naming the field for
     bad input (and :class:`TypeError` for a value of the wrong type) before
     anything is written.
@@ -103,6 +109,7 @@ def enqueue_email(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         expires_at=expires_at,
+        mailer=mailer,
     )
     return _write(prepared)
 
@@ -122,6 +129,7 @@ def enqueue_template(
     idempotency_key: str | None = None,
     max_attempts: int | None = None,
     expires_at: datetime | None = None,
+    mailer: str | None = None,
 ) -> list[Delivery]:
     """Render the template ``name`` with ``context`` and queue the result.
 
@@ -151,6 +159,7 @@ def enqueue_template(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         expires_at=expires_at,
+        mailer=mailer,
     )
     return _write(prepared)
 
@@ -170,6 +179,7 @@ def prepare_email(
     idempotency_key: Any = None,
     max_attempts: Any = None,
     expires_at: Any = None,
+    mailer: Any = None,
 ) -> Prepared:
     """Validate :func:`enqueue_email`'s arguments (with its defaults); write nothing."""
     return prepare(
@@ -186,6 +196,7 @@ def prepare_email(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         expires_at=expires_at,
+        mailer=mailer,
     )
 
 
@@ -337,6 +348,7 @@ def _email(p: Prepared, now: datetime) -> Email:
         from_email=p.from_email,
         reply_to=p.reply_to,
         headers=p.headers,
+        mailer=p.mailer,
         created_at=now,
     )
 

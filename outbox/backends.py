@@ -13,6 +13,10 @@ The worker's delivery target is, in order:
    (default ``"default"``);
 3. otherwise ``settings.EMAIL_BACKEND`` (Django <= 6.0, or 6.1 not yet migrated).
 
+An email may name another target, a *mailer* (``enqueue_email(...,
+mailer="bulk")``): see :mod:`outbox.mailers`; this module's target is the one
+every email without a mailer goes to.
+
 When the project's own mail goes through :class:`OutboxBackend`, the worker
 must deliver somewhere else: system check ``outbox.E008`` refuses a target that
 is the outbox itself. Typical settings::
@@ -198,7 +202,11 @@ class OutboxBackend(BaseEmailBackend):
 
     Options (``OPTIONS`` of a Django 6.1 mailer, or keyword arguments):
     ``priority`` (``"high"``, ``"normal"``, ``"low"``; default ``"normal"``),
-    ``max_attempts`` (default ``OUTBOX["MAX_ATTEMPTS"]``), ``fail_silently``.
+    ``max_attempts`` (default ``OUTBOX["MAX_ATTEMPTS"]``), ``fail_silently``,
+    and ``mailer``: the mailer the worker delivers these messages through (see
+    :mod:`outbox.mailers`; default: its default target). On Django 6.1, a
+    second outbox mailer with ``"OPTIONS": {"mailer": "bulk"}`` lets
+    ``send_mail(..., using=<its alias>)`` queue bulk mail.
     """
 
     def __init__(
@@ -207,6 +215,7 @@ class OutboxBackend(BaseEmailBackend):
         *,
         priority: str = "normal",
         max_attempts: int | None = None,
+        mailer: str | None = None,
         **kwargs: Any,
     ) -> None:
         # fail_silently is ours: Django 6.1's base class deprecates it, and
@@ -223,8 +232,17 @@ class OutboxBackend(BaseEmailBackend):
             not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
         ):
             raise ImproperlyConfigured(f"{where}: max_attempts must be a positive integer.")
+        if mailer:
+            from .mailers import delivery_mailers, is_delivery_mailer
+
+            if not isinstance(mailer, str) or not is_delivery_mailer(mailer):
+                raise ImproperlyConfigured(
+                    f"{where}: mailer is {mailer!r}; use one of "
+                    f"{', '.join(delivery_mailers()) or '(none configured)'}."
+                )
         self.priority = priority
         self.max_attempts = max_attempts
+        self.mailer = mailer or ""
 
     def send_messages(self, email_messages: Sequence[EmailMessage]) -> int:
         from .api import prepare_message, write_prepared
@@ -235,7 +253,12 @@ class OutboxBackend(BaseEmailBackend):
                 continue
             try:
                 prepared.append(
-                    prepare_message(message, priority=self.priority, max_attempts=self.max_attempts)
+                    prepare_message(
+                        message,
+                        priority=self.priority,
+                        max_attempts=self.max_attempts,
+                        mailer=self.mailer,
+                    )
                 )
             except (ValidationError, TypeError) as exc:
                 if not self.fail_silently:

@@ -27,6 +27,9 @@ outbox.E018 the outbox's cache uses ``ClusterClient`` with a LOCATION a cluster 
 outbox.E019 the outbox's cache uses django-redis' ``SentinelClient`` without sentinels
 outbox.E020 ``OUTBOX["SUPPRESS_ON_REFUSAL"]`` is not a bool
 outbox.W009 no ``DjangoTemplates`` engine: ``enqueue_template`` cannot find templates
+outbox.E012 ``OUTBOX["BACKENDS"]``: not a dict, or an entry malformed, unimportable or the outbox
+outbox.E013 ``OUTBOX["RATE_LIMITS"]`` has a ``mailer:<alias>`` key no email can name
+outbox.E014 ``OUTBOX["BACKENDS"]`` is set, but ``MAILERS`` is in use (Django 6.1)
 ========== ==============================================================
 """
 
@@ -69,6 +72,7 @@ def check_outbox_settings(
     errors += _check_sending_control(raw)
     errors += _check_topology_and_reconcilers(raw)
     errors += _check_content(raw)
+    errors += _check_mailers(raw)
     return errors
 
 
@@ -258,8 +262,8 @@ def _check_sending_control(raw: dict[str, Any]) -> list[CheckMessage]:
                 errors.append(
                     Error(
                         f"OUTBOX['RATE_LIMITS']: {exc}.",
-                        hint="Keys are '*' or a recipient domain; values a positive count and "
-                        "a unit: '14/s', '20/m', '500/h', '5000/d'.",
+                        hint="Keys are '*', a recipient domain or 'mailer:<alias>'; values a "
+                        "positive count and a unit: '14/s', '20/m', '500/h', '5000/d'.",
                         id="outbox.E010",
                     )
                 )
@@ -344,3 +348,12 @@ def _check_content(raw: dict[str, Any]) -> list[CheckMessage]:
             )
         )
     return errors
+
+
+# -- a mailer per email (outbox/mailers.py): outbox.E012-E014 ---------------------------
+
+
+def _check_mailers(raw: dict[str, Any]) -> list[CheckMessage]:
+    from .checks_mailers import check_mailers
+
+    return check_mailers(raw)

@@ -86,6 +86,12 @@ DEFAULTS: dict[str, Any] = {
     # Templates, bulk mail, expiry and suppression (issue 14).
     # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
     "SUPPRESS_ON_REFUSAL": True,
+    # -- a mailer per email (outbox/mailers.py) --
+    # Delivery backends an email may name with enqueue_email(..., mailer=<key>)
+    # when settings.MAILERS is not in use (Django < 6.1, or 6.1 not migrated):
+    # {"bulk": "dotted.path.Backend"} or
+    # {"bulk": {"BACKEND": "dotted.path.Backend", "OPTIONS": {...}}}.
+    "BACKENDS": {},
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -221,6 +227,13 @@ class OutboxSettings:
     @property
     def SUPPRESS_ON_REFUSAL(self) -> bool:
         return bool(self._get("SUPPRESS_ON_REFUSAL"))
+
+    # -- a mailer per email ------------------------------------------------------------
+
+    @property
+    def BACKENDS(self) -> dict[str, Any]:
+        value = self._get("BACKENDS")
+        return value if isinstance(value, dict) else {}
 
 
 outbox_settings = OutboxSettings()

@@ -63,6 +63,7 @@ def insert_postgresql(
                 "not_before": not_before,
                 "recipients": p.recipients,
                 "message_ids": list(message_ids),
+                "mailer": p.mailer,
             },
         )
         returned = cursor.fetchall()
@@ -158,6 +159,7 @@ def insert_many(
             from_email=r.prepared.from_email,
             reply_to=r.prepared.reply_to,
             headers=r.prepared.headers,
+            mailer=r.prepared.mailer,
             created_at=now,
         )
         for r in rows
@@ -242,6 +244,7 @@ def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]
         "senders": [p.from_email for p in ps],
         "reply_tos": [json.dumps(p.reply_to) for p in ps],
         "headers": [json.dumps(p.headers) for p in ps],
+        "mailers": [p.mailer for p in ps],
         "queued": Delivery.Status.QUEUED,
         "cancelled": Delivery.Status.CANCELLED,
         **per_delivery,
@@ -258,6 +261,7 @@ def _emails_json(rows: Sequence[BulkRow]) -> str:
                 r.prepared.from_email,
                 json.dumps(r.prepared.reply_to),
                 json.dumps(r.prepared.headers),
+                r.prepared.mailer,
             ]
             for r in rows
         ]

@@ -23,6 +23,9 @@ from django.utils.translation import gettext_lazy as _
 # suffix (``#`` and 12 hex digits), so the columns leave room for it.
 WORKER_ID_MAX_LENGTH = 255
 
+# A mailer alias (Email.mailer): MAILERS aliases and OUTBOX["BACKENDS"] keys are short names.
+MAILER_MAX_LENGTH = 100
+
 
 class Email(models.Model):
     """The content of one ``enqueue_email`` call, shared by all its deliveries."""
@@ -34,6 +37,18 @@ class Email(models.Model):
     reply_to = models.JSONField(_("reply-to"), default=list, blank=True)
     headers = models.JSONField(_("extra headers"), default=dict, blank=True)
     created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+    # The delivery backend of every delivery of this email: an alias of MAILERS
+    # (Django 6.1) or a key of OUTBOX["BACKENDS"]; blank is the worker's default
+    # (see outbox/mailers.py). The database default serves raw INSERTs that
+    # predate the column.
+    mailer = models.CharField(
+        _("mailer"),
+        max_length=MAILER_MAX_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+        help_text=_("The mailer the worker delivers through; blank for its default."),
+    )
 
     class Meta:
         verbose_name = _("email")

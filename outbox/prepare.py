@@ -22,6 +22,8 @@ from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
 from .conf import PRIORITIES, outbox_settings
+from .mailers import delivery_mailers, is_delivery_mailer
+from .models import MAILER_MAX_LENGTH
 from .validation import (
     check_mimetype,
     check_text,
@@ -57,6 +59,7 @@ class Prepared:
     idempotency_key: str | None = None
     max_attempts: int = 5
     expires_at: datetime | None = None
+    mailer: str = ""  # "": the worker's default delivery target
 
 
 def prepare(
@@ -74,6 +77,7 @@ def prepare(
     idempotency_key: Any,
     max_attempts: Any,
     expires_at: Any = None,
+    mailer: Any = None,
 ) -> Prepared:
     """Validate :func:`~outbox.api.enqueue_email`'s arguments, field by field.
 
@@ -95,6 +99,7 @@ def prepare(
         max_attempts = outbox_settings.MAX_ATTEMPTS
     _check_max_attempts(max_attempts)
     _check_expires_at(expires_at, send_at)
+    mailer = _check_mailer(mailer)
     return Prepared(
         subject=subject,
         body=message,
@@ -109,6 +114,7 @@ def prepare(
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
         expires_at=expires_at,
+        mailer=mailer,
     )
 
 
@@ -154,6 +160,33 @@ def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
         raise field_error(
             "expires_at", _("expires_at must be later than send_at."), "before_send_at"
         )
+
+
+def _check_mailer(mailer: Any) -> str:
+    """A mailer an email may name (see ``outbox/mailers.py``), or "" for the default.
+
+    Checked against this host's settings, before anything is written: an
+    unknown name, or one that is the outbox itself, would never be sent.
+    """
+    if mailer is None or mailer == "":
+        return ""
+    require_type("mailer", mailer, str, "a string")
+    check_text("mailer", mailer, single_line=True)
+    if len(mailer) > MAILER_MAX_LENGTH:
+        raise field_error(
+            "mailer",
+            _("A mailer name has at most %(limit)d characters.") % {"limit": MAILER_MAX_LENGTH},
+            "max_length",
+        )
+    if not is_delivery_mailer(mailer):
+        known = delivery_mailers()
+        raise field_error(
+            "mailer",
+            _("Unknown mailer %(value)r; use one of: %(choices)s.")
+            % {"value": mailer, "choices": ", ".join(known) or _("(none configured)")},
+            "unknown",
+        )
+    return mailer
 
 
 def _check_priority(priority: Any) -> None:
@@ -213,7 +246,11 @@ def _prepare_attachments(attachments: Any) -> list[tuple[str, bytes, str]]:
 
 
 def prepare_message(
-    message: EmailMessage, *, priority: str = "normal", max_attempts: int | None = None
+    message: EmailMessage,
+    *,
+    priority: str = "normal",
+    max_attempts: int | None = None,
+    mailer: str | None = None,
 ) -> Prepared:
     """Validate a Django ``EmailMessage`` for :func:`~outbox.api.write_prepared`.
 
@@ -254,6 +291,7 @@ def prepare_message(
         priority=priority,
         idempotency_key=None,
         max_attempts=max_attempts,
+        mailer=mailer,
     )
 
 

@@ -7,8 +7,10 @@
 ``"*"`` limits all sending together; any other key is a recipient domain,
 compared lower-cased and exactly (``gmail.com`` does not cover
 ``mail.gmail.com``: a limit is what one receiving service allows, and a
-subdomain is usually another service). Units are ``/s``, ``/m``, ``/h`` and
-``/d``.
+subdomain is usually another service), or ``"mailer:<alias>"``: the emails
+that name that mailer (``enqueue_email(..., mailer=...)``, see
+``outbox/mailers.py``; the alias is compared exactly, as MAILERS compares
+it). Units are ``/s``, ``/m``, ``/h`` and ``/d``.
 
 **How a limit is held.** Each limit is a GCRA bucket with no burst, in Redis,
 on Redis' own clock (``lua/rate_take.lua``): ``n/period`` sends are spaced
@@ -20,8 +22,8 @@ second GCRA clock with a tolerance of a tenth of the period: they may run
 ahead of the spacing by that much, and a message beyond it takes a new slot
 at the end. Any window of one period then holds at most ``n + n/10 + 1``
 sends (at ``50/s``: 56), and exactly the spacing while the workers keep up. A message takes a slot from its domain's
-limit and from ``"*"`` in one script call: when one of them is busy, the other
-is not consumed. The busy one *reserves* its next free slot for the message,
+limit, its mailer's and ``"*"`` in one script call: when one of them is busy,
+the others are not consumed. The busy one *reserves* its next free slot for the message,
 and the message waits for it in ``scheduled``; when it comes back, the slot is
 its own. Reservations make a backlog cost one refusal per message (not one per
 slot), and they are the backlog each limit reports (:func:`usage`): a
@@ -71,6 +73,8 @@ from .conf import outbox_settings
 from .queue import RedisQueue
 
 GLOBAL = "*"
+# Keys of limits on the emails of one mailer: "mailer:<alias>".
+MAILER_PREFIX = "mailer:"
 UNITS: dict[str, float] = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
 _LIMIT_RE = re.compile(r"^\s*(\d+)\s*/\s*([smhd])\s*$")
 _DOMAIN_RE = re.compile(
@@ -84,7 +88,7 @@ THROTTLE_CODES = frozenset({421, 450})
 class Limit:
     """One parsed limit: ``count`` sends per ``period`` seconds, under ``key``."""
 
-    key: str  # "*" or a lower-cased domain
+    key: str  # "*", a lower-cased domain, or "mailer:<alias>"
     text: str  # as configured, e.g. "20/m"
     count: int
     period: float
@@ -99,9 +103,15 @@ def parse_limit(key: Any, value: Any) -> Limit:
     """One ``RATE_LIMITS`` entry as a :class:`Limit`; raises ValueError saying what is wrong."""
     if not isinstance(key, str) or not key.strip():
         raise ValueError(f"the key {key!r} is not '*' or a domain")
-    name = key.strip().lower()
-    if name != GLOBAL and not _DOMAIN_RE.match(name):
-        raise ValueError(f"the key {key!r} is not '*' or a domain")
+    if key.strip().startswith(MAILER_PREFIX):
+        alias = key.strip()[len(MAILER_PREFIX) :].strip()
+        if not alias:
+            raise ValueError(f"the key {key!r} names no mailer: write 'mailer:<alias>'")
+        name = MAILER_PREFIX + alias
+    else:
+        name = key.strip().lower()
+        if name != GLOBAL and not _DOMAIN_RE.match(name):
+            raise ValueError(f"the key {key!r} is not '*', a domain or 'mailer:<alias>'")
     if not isinstance(value, str):
         raise ValueError(f"the limit of {key!r} is {value!r}, not a string like '20/m'")
     match = _LIMIT_RE.match(value)
@@ -167,9 +177,17 @@ def domain_of(recipient: str) -> str:
     return address.rpartition("@")[2].lower()
 
 
-def applicable(domain: str, configured: dict[str, Limit]) -> list[Limit]:
-    """The limits a message to ``domain`` must pass: its domain's first, then ``"*"``."""
+def applicable(domain: str, configured: dict[str, Limit], mailer: str = "") -> list[Limit]:
+    """The limits a message to ``domain`` must pass: its domain's, its mailer's, then ``"*"``.
+
+    ``mailer`` is the email's mailer ("" for the default target, which no
+    ``mailer:`` key names).
+    """
     found = [configured[domain]] if domain in configured else []
+    if mailer:
+        limit = configured.get(MAILER_PREFIX + mailer)
+        if limit is not None:
+            found.append(limit)
     if GLOBAL in configured:
         found.append(configured[GLOBAL])
     return found
@@ -225,7 +243,7 @@ def throttled(exc: BaseException) -> bool:
 class LimitUsage(NamedTuple):
     """One limit as the status report, the dashboard and metrics show it."""
 
-    key: str  # "*" or a domain
+    key: str  # "*", a domain or "mailer:<alias>"
     limit: str  # as configured, e.g. "20/m"
     used: int  # sends admitted in the current period (a fixed window of one period)
     capacity: int  # the limit's count per period

@@ -26,7 +26,8 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import enqueue_email
-from outbox.models import Delivery
+from outbox.backends import HAS_MAILERS
+from outbox.models import Delivery, Email
 from outbox.worker import sql
 
 Status = Delivery.Status
@@ -48,7 +49,12 @@ COLUMNS = (
 
 
 def _row(
-    state: str, *, due: bool = True, attachments: bool = False, expired: bool = False
+    state: str,
+    *,
+    due: bool = True,
+    attachments: bool = False,
+    expired: bool = False,
+    mailer: str = "",
 ) -> Delivery:
     """A fresh delivery in ``state``, claimed with TOKEN when processing."""
     kwargs: dict[str, Any] = {}
@@ -60,6 +66,8 @@ def _row(
     extra: dict[str, Any] = {}
     if expired:  # enqueue refuses a past expires_at; a row may still wait past it
         extra["expires_at"] = BEFORE
+    if mailer:  # the statements carry any name; enqueue's validation is tested elsewhere
+        Email.objects.filter(pk=delivery.email_id).update(mailer=mailer)
     # The same updated_at on every row, so that an untouched row compares equal.
     Delivery.objects.filter(pk=delivery.pk).update(
         **extra,
@@ -78,7 +86,14 @@ def _outcome(result: tuple[int, sql.ClaimedRow | None]) -> tuple[Any, ...]:
     d, email = claimed.delivery, claimed.email
     content = None
     if email is not None:
-        content = (email.subject, email.body, email.from_email, email.reply_to, email.headers)
+        content = (
+            email.subject,
+            email.body,
+            email.from_email,
+            email.reply_to,
+            email.headers,
+            email.mailer,
+        )
     return (
         settled,
         (d.recipient, d.priority, d.attempts, d.max_attempts, d.email_id is not None),
@@ -110,6 +125,13 @@ CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
     ("claim a due row with attachments", _claim(Status.QUEUED, attachments=True), TOKEN, False),
     ("claim a row not yet due", _claim(Status.QUEUED, due=False), TOKEN, False),
     ("claim a due row past its expiry", _claim(Status.QUEUED, expired=True), TOKEN, False),
+    ("claim a due row with a mailer", _claim(Status.QUEUED, mailer="bulk"), TOKEN, False),
+    (
+        "settle one row and claim the next, with a mailer",
+        lambda: (_row(Status.PROCESSING), _row(Status.QUEUED, mailer="bulk")),
+        TOKEN,
+        False,
+    ),
     (
         "settle one row and claim the next, expired",
         lambda: (_row(Status.PROCESSING), _row(Status.QUEUED, expired=True)),
@@ -189,6 +211,8 @@ def test_fast_and_plain_step_agree(request, settings, setup, settle_token, cache
     assert by_fast == by_plain
     if "claim a due" in request.node.name or "claim the next" in request.node.name:
         assert by_fast[1] is not None  # the case really claimed
+    if "with a mailer" in request.node.name:
+        assert by_fast[2][-1] == "bulk"  # the mailer came back with the content
     assert fast_rows == plain_rows
 
 
@@ -202,6 +226,7 @@ def test_the_fast_step_settles_and_claims_in_one_go(settings):
     assert settled == 1
     assert claimed is not None and claimed.email is not None
     assert claimed.email.subject == "s" and claimed.email.reply_to == []
+    assert claimed.email.mailer == ""
     assert _state(settle.pk)["status"] == Status.SENT
     after = _state(claim.pk)
     assert (after["status"], after["attempts"], after["worker_id"]) == (
@@ -232,6 +257,7 @@ ENQUEUE_CASES = {
         headers={"X-Tag": "t"},
         html_message="<p>b</p>",
     ),
+    "with a mailer": dict(recipient_list=["a@example.com", "b@example.com"], mailer="bulk"),
 }
 
 DELIVERY_COLUMNS = (
@@ -246,7 +272,7 @@ DELIVERY_COLUMNS = (
     "last_error",
     "claim_token",
 )
-EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers")
+EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers", "mailer")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -258,6 +284,11 @@ def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
 
     suppress("blocked@example.com", "hard bounce")
     suppress("quiet@example.com")
+    bulk = {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
+    if HAS_MAILERS:
+        settings.MAILERS = {**settings.MAILERS, "bulk": bulk}
+    else:
+        settings.OUTBOX = {**settings.OUTBOX, "BACKENDS": {"bulk": bulk}}
     results = []
     for functions in (True, False):
         settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
@@ -277,4 +308,5 @@ def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
         results.append((returned, rows, content))
     by_function, by_plain = results
     assert by_function == by_plain
+    assert by_function[2][-1] == kwargs.get("mailer", "")
     assert len(by_function[1]) == len(kwargs["recipient_list"])

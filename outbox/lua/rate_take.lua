@@ -1,5 +1,5 @@
 -- Take a slot of each rate limit a message must pass (outbox/ratelimit.py).
--- Its own KEYS, one pair per limit, the domain's first, then "*":
+-- Its own KEYS, one pair per limit: the domain's, the mailer's ("mailer:<alias>"), then "*":
 --   KEYS[2i-1] rate:<key>       hash: tat (the limit's next free slot, Redis time),
 --                               sent (the same clock kept by actual sends), win
 --                               and used (sends in the current period)

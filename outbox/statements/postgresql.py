@@ -45,9 +45,12 @@ The rules every statement keeps:
   written out: the tables are the app's own, and a status value is stored in
   the rows, so changing one would need a data migration anyway.
 
-Each function's DDL is frozen once a migration uses it: a change is a new
+Each function's DDL is frozen once a release ships it: a change is a new
 constant (``..._V2``) and a new migration, so that migrating an old database
-replays the history it had.
+replays the history it had. (Before the first release the ``_V1`` functions
+were changed in place, to carry ``outbox_email.mailer``, which migration 0007
+adds: PL/pgSQL resolves column names when a function first runs, not when
+migration 0005 creates it.)
 """
 
 from __future__ import annotations
@@ -65,9 +68,9 @@ from django.db.migrations.state import StateApps
 ENQUEUE = """
 WITH email AS (
     INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,
-        created_at)
+        mailer, created_at)
     VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-        %(headers)s::jsonb, %(now)s)
+        %(headers)s::jsonb, %(mailer)s, %(now)s)
     RETURNING id
 )
 INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
@@ -91,7 +94,7 @@ ENQUEUE_CALL = """
 SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
     %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
     %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
-    %(bare)s::text[])
+    %(bare)s::text[], %(mailer)s)
 """
 
 # One chunk of enqueue_many: the email ids are drawn from the table's sequence
@@ -104,12 +107,12 @@ WITH ids AS MATERIALIZED (
     FROM generate_series(1, %(count)s) AS g
 ), email AS (
     INSERT INTO outbox_email (id, subject, body, html_message, from_email, reply_to, headers,
-        created_at)
+        mailer, created_at)
     SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
-        %(now)s
+        e.mailer, %(now)s
     FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
-        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[])
-        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, item)
+        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[])
+        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer, item)
     JOIN ids USING (item)
     RETURNING id
 )
@@ -163,7 +166,7 @@ STEP = (
     + """)
 SELECT (SELECT count(*) FROM settled),
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
-    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
     EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
     c.status
 FROM (VALUES (1)) AS one
@@ -180,7 +183,7 @@ SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worke
 
 # An email's content, when the claim did not bring it.
 EMAIL = """
-SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
     EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
 FROM outbox_email e WHERE e.id = %s
 """
@@ -196,7 +199,7 @@ CREATE OR REPLACE FUNCTION outbox_step(
     OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
     OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
     OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
-    OUT reply_to jsonb, OUT headers jsonb, OUT has_attachments boolean,
+    OUT reply_to jsonb, OUT headers jsonb, OUT mailer varchar, OUT has_attachments boolean,
     OUT claimed_status varchar
 ) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -227,9 +230,9 @@ BEGIN
     IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
         RETURN;
     END IF;
-    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
         EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
-    INTO subject, body, html_message, from_email, reply_to, headers, has_attachments
+    INTO subject, body, html_message, from_email, reply_to, headers, mailer, has_attachments
     FROM outbox_email e WHERE e.id = email_id;
 END
 $$
@@ -245,7 +248,7 @@ CREATE OR REPLACE FUNCTION outbox_enqueue(
     p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
     p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
     p_not_before timestamptz, p_expires_at timestamptz,
-    p_recipients text[], p_message_ids text[], p_bare text[]
+    p_recipients text[], p_message_ids text[], p_bare text[], p_mailer varchar
 ) RETURNS TABLE (id bigint, email_id bigint, message_id varchar, last_error text)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
@@ -253,8 +256,8 @@ DECLARE
     new_email bigint;
 BEGIN
     INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
-        created_at)
-    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_now)
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
     RETURNING e.id INTO new_email;
     RETURN QUERY
     INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
@@ -276,7 +279,7 @@ $$
 
 DROP_ENQUEUE = (
     "DROP FUNCTION IF EXISTS outbox_enqueue(text, text, text, varchar, jsonb, jsonb, "
-    "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[])"
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[], varchar)"
 )
 
 

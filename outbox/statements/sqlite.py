@@ -54,7 +54,8 @@ CLAIM_WITH_CONTENT = (
     + """,
     CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
-            json(e.headers), EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id))
+            json(e.headers), e.mailer,
+            EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id))
         FROM outbox_email e WHERE e.id = email_id
     ) END
 """
@@ -62,7 +63,7 @@ CLAIM_WITH_CONTENT = (
 
 # An email's content, when the claim did not bring it.
 EMAIL = """
-SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers,
+SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
     EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
 FROM outbox_email e WHERE e.id = %s
 """
@@ -73,8 +74,9 @@ FROM outbox_email e WHERE e.id = %s
 # items). Within one INSERT the new ids are consecutive and given in the order
 # of ORDER BY, so the sorted ids pair with the items.
 ENQUEUE_MANY_EMAILS = """
-INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers, created_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), %s
+INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers, mailer,
+    created_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'), %s
 FROM json_each(%s) ORDER BY key
 RETURNING id
 """

@@ -33,7 +33,9 @@ one module per database), ``gate.py`` (rate limits
 and pauses, between claim and send), ``outcomes.py`` (what an outcome is and
 how it is written), ``report.py`` (counters, log lines, signals),
 ``backoff.py`` (waiting out Redis or the database), ``cache.py`` (email
-contents, bounded in bytes) and ``faults.py`` (the one test hook). The
+contents, bounded in bytes), ``connections.py`` (the delivery connections:
+the default one, and one per mailer an email named) and ``faults.py`` (the
+one test hook). The
 protocol table is in ``outbox/PROTOCOL.md``.
 """
 

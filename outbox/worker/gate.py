@@ -7,8 +7,9 @@ Two checks, each a small hook in the sender loop (``loop.py``):
   ``control.MAX_AGE``) makes the thread give back its claimed ids instead of
   sending them (``outbox/control.py``);
 - **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
-  is now known. A paused domain, a domain slowed down after a 421/450, or a
-  rate limit with no free slot (``outbox/ratelimit.py``) gives the row back:
+  (and its email's mailer) is now known. A paused domain, a domain slowed down
+  after a 421/450, or a rate limit with no free slot (its domain's, its
+  mailer's or ``"*"``, taken together; ``outbox/ratelimit.py``) gives the row back:
   ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
   puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
   the moment it may go, and the id goes to ``scheduled`` for that moment
@@ -74,7 +75,7 @@ class Gate:
         now = self.worker.clock.time()
         until = control.hold_until(self.worker.control.current, domain, now)
         if until is None:
-            checks = ratelimit.applicable(domain, ratelimit.limits())
+            checks = ratelimit.applicable(domain, ratelimit.limits(), started.email.mailer)
             if not checks:
                 return False
             try:

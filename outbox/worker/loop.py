@@ -9,7 +9,7 @@ one :class:`SenderLoop`, one per thread:
 ``tokens``      claim tokens to reuse when a claim UPDATE must be retried
 ``settlement``  the outcome of the message in hand, not yet written
 ``nonce``       the claim to repeat after a lost reply, or None
-``backend_open`` whether the delivery connection is open
+``connections`` the delivery connections: the default one, one per mailer used
 """
 
 from __future__ import annotations
@@ -25,14 +25,14 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
-from ..backends import watch_handover
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError
 from ..message import build_message
 from ..models import Attachment, Attempt, Delivery, Email
 from ..queue import Claimed, QueueEntry
 from . import sql
-from .backoff import Backoff, close_quietly, drop_db_connection
+from .backoff import Backoff, drop_db_connection
+from .connections import Connections
 from .faults import fault
 from .gate import Gate
 from .outcomes import (
@@ -60,8 +60,8 @@ class SenderLoop:
     def __init__(self, worker: Worker, index: int, backend: BaseEmailBackend) -> None:
         self.worker = worker
         self.index = index
-        self.backend = backend
-        self.backend_open = False
+        # The default connection (``backend``) and, created on first use, one per mailer.
+        self.connections = Connections(backend)
         self.pending: deque[Claimed] = deque()
         self.acks: list[int] = []
         self.tokens: dict[int, uuid.UUID] = {}
@@ -98,6 +98,7 @@ class SenderLoop:
         finally:
             self._settle_alone()
             self._give_back()
+            self.connections.close_mailers()
 
     # -- step 1: claim ----------------------------------------------------------
 
@@ -143,10 +144,8 @@ class SenderLoop:
         return False
 
     def _idle(self, paused: bool = False) -> None:
-        if self.backend_open:
-            # Idle: close rather than let the server time us out mid-send.
-            close_quietly(self.backend)
-            self.backend_open = False
+        # Idle: close rather than let the server time us out mid-send.
+        self.connections.close_open()
         if paused:
             # Not on the wake list: its tokens would only spin a paused thread.
             self.worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
@@ -312,23 +311,21 @@ class SenderLoop:
     # -- step 3: send -----------------------------------------------------------
 
     def _deliver(self, started: Started) -> Settlement:
-        """Hand the message to the backend; returns the outcome to write."""
-        if not self.backend_open:
-            try:
-                self.backend.open()
-                watch_handover(self.backend)
-                self.backend_open = True
-            except Exception as exc:
-                # Cannot reach the mail server: nothing was handed over.
-                self.gate.on_send_error(started, exc, connecting=True)
-                return failure(started, exc, self.worker.clock.now())
-        settlement = self._send(started)
+        """Hand the message to its mailer's backend; returns the outcome to write."""
+        try:
+            link = self.connections.get(started.email.mailer)
+            link.ensure_open()
+        except Exception as exc:
+            # Cannot reach the mail server (or this host has no such mailer):
+            # nothing was handed over.
+            self.gate.on_send_error(started, exc, connecting=True)
+            return failure(started, exc, self.worker.clock.now())
+        settlement = self._send(started, link.backend)
         if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
-            close_quietly(self.backend)
-            self.backend_open = False
+            link.close()
         return settlement
 
-    def _send(self, started: Started) -> Settlement:
+    def _send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
         lease = outbox_settings.HEARTBEAT_TIMEOUT * 0.8
         if (
             started.generation != self.worker.generation
@@ -342,7 +339,7 @@ class SenderLoop:
             return Settlement(started, Outcome.RELEASED, "lease expired before sending")
         try:
             message = build_message(started.delivery, started.email, started.attachments)
-            if self.backend.send_messages([message]) != 1:
+            if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except Exception as exc:
             self.gate.on_send_error(started, exc, connecting=False)

@@ -96,7 +96,8 @@ def _delivery(
 
 
 def _email_from(pk: int, row: Sequence[Any]) -> Email:
-    subject, body, html_message, from_email, reply_to, headers = row
+    """The email as the worker needs it, from the content columns the statements return."""
+    subject, body, html_message, from_email, reply_to, headers, mailer = row
     return Email(
         pk=pk,
         subject=subject,
@@ -105,6 +106,7 @@ def _email_from(pk: int, row: Sequence[Any]) -> Email:
         from_email=from_email,
         reply_to=_json(reply_to),
         headers=_json(headers),
+        mailer=mailer,
     )
 
 
@@ -159,10 +161,10 @@ def step_postgresql(
         return settled, None
     assert claim_id is not None  # a claimed row came back
     delivery = _delivery(claim_id, worker_id, token, now, row[1:7])
-    expired = row[14] == Status.CANCELLED
+    expired = row[15] == Status.CANCELLED
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
-    return settled, ClaimedRow(delivery, _email_from(row[1], row[7:13]), bool(row[13]))
+    return settled, ClaimedRow(delivery, _email_from(row[1], row[7:14]), bool(row[14]))
 
 
 def step_sqlite(
@@ -218,7 +220,7 @@ def step_sqlite(
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
     content = json.loads(row[7])
-    return settled, ClaimedRow(delivery, _email_from(row[0], content[:6]), bool(content[6]))
+    return settled, ClaimedRow(delivery, _email_from(row[0], content[:7]), bool(content[7]))
 
 
 @functools.cache
@@ -241,7 +243,7 @@ def load_email(email_id: int) -> tuple[Email, bool]:
         row = cursor.fetchone()
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")
-    return _email_from(email_id, row[:6]), bool(row[6])
+    return _email_from(email_id, row[:7]), bool(row[7])
 
 
 def _json(value: Any) -> Any:

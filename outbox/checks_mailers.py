@@ -1,0 +1,97 @@
+"""System checks for a mailer per email (see ``checks.py`` and ``mailers.py``).
+
+Kept apart from ``checks.py`` so that each module holds one concern; the ids
+(``outbox.E012`` to ``E014``) are listed in ``checks.py``'s table.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.checks import CheckMessage, Error
+from django.utils.module_loading import import_string
+
+from .backends import OutboxBackend, _uses_mailers
+from .conf import DEFAULTS
+from .mailers import delivery_mailers, is_delivery_mailer, parse_entry
+from .models import MAILER_MAX_LENGTH
+from .ratelimit import MAILER_PREFIX, parse_limit
+
+
+def check_mailers(raw: dict[str, Any]) -> list[CheckMessage]:
+    """E012-E014: the mailers an email may name, and the limits keyed by them."""
+    errors: list[CheckMessage] = []
+    backends = raw.get("BACKENDS", DEFAULTS["BACKENDS"])
+    if not isinstance(backends, dict):
+        errors.append(
+            Error(
+                f"OUTBOX['BACKENDS'] is {backends!r}; it must be a dict.",
+                hint="For example {'bulk': {'BACKEND': "
+                "'django.core.mail.backends.smtp.EmailBackend', 'OPTIONS': {...}}}.",
+                id="outbox.E012",
+            )
+        )
+    elif backends and _uses_mailers():
+        errors.append(
+            Error(
+                f"OUTBOX['BACKENDS'] names {', '.join(map(repr, backends))}, but settings.MAILERS "
+                "is in use, so an email's mailer is a MAILERS alias and BACKENDS is not read.",
+                hint="Move each entry into MAILERS (same alias, BACKEND and OPTIONS).",
+                id="outbox.E014",
+            )
+        )
+    else:
+        for alias, entry in backends.items():
+            error = _backend_entry_error(alias, entry)
+            if error is not None:
+                errors.append(error)
+    errors += _mailer_limit_errors(raw)
+    return errors
+
+
+def _backend_entry_error(alias: Any, entry: Any) -> CheckMessage | None:
+    """What is wrong with one OUTBOX["BACKENDS"] entry, or None."""
+    try:
+        path, _options = parse_entry(alias, entry)
+        if len(alias) > MAILER_MAX_LENGTH:
+            raise ValueError(f"{alias!r} is longer than {MAILER_MAX_LENGTH} characters")
+        backend_class = import_string(path)
+    except Exception as exc:  # malformed, or the import itself fails
+        return Error(
+            f"OUTBOX['BACKENDS']: {exc}.",
+            hint="Each entry is a backend's dotted path, or {'BACKEND': '<dotted path>', "
+            "'OPTIONS': {<keyword arguments of the backend>}}.",
+            id="outbox.E012",
+        )
+    if isinstance(backend_class, type) and issubclass(backend_class, OutboxBackend):
+        return Error(
+            f"OUTBOX['BACKENDS'][{alias!r}] is the outbox backend: the worker would deliver "
+            "those emails into the outbox itself.",
+            hint="Give it a real delivery backend, e.g. SMTP.",
+            id="outbox.E012",
+        )
+    return None
+
+
+def _mailer_limit_errors(raw: dict[str, Any]) -> list[CheckMessage]:
+    """A "mailer:<alias>" limit that no email can use: a typo, since enqueue refuses the alias."""
+    limits = raw.get("RATE_LIMITS", DEFAULTS["RATE_LIMITS"])
+    if not isinstance(limits, dict):
+        return []  # outbox.E010
+    errors: list[CheckMessage] = []
+    for key, value in limits.items():
+        try:
+            name = parse_limit(key, value).key
+        except ValueError:
+            continue  # outbox.E010
+        alias = name[len(MAILER_PREFIX) :] if name.startswith(MAILER_PREFIX) else None
+        if alias is not None and not is_delivery_mailer(alias):
+            errors.append(
+                Error(
+                    f"OUTBOX['RATE_LIMITS'] limits the mailer {alias!r}, which no email can "
+                    "name (enqueue_email refuses it): it is not a delivery mailer here.",
+                    hint=f"Mailers: {', '.join(delivery_mailers()) or '(none configured)'}.",
+                    id="outbox.E013",
+                )
+            )
+    return errors
