@@ -96,9 +96,10 @@ def test_small_chaos_run(policy, tmp_path):
         assert counts["ambiguous rows"] >= 2 and counts["in-doubt retries"] == 0, table
     else:
         # At least once: each kill in the window is sent again, so arrives twice, and
-        # so does the cut message (the server kept the first copy).
+        # so does the cut message (the server kept the first copy). Copies, not rows:
+        # the second kill in the window may land on the row the first one left behind.
         assert counts.get("abandoned", 0) == 0, table
-        assert counts.get("delivered twice or more", 0) >= 3, table
+        assert counts["extra copies"] >= 3, table
         assert counts["in-doubt retries"] >= 2, table
         assert counts["extra copies"] <= counts["window hits"] + counts["in-doubt retries"], table
         assert counts.get("unexplained duplicates", 0) == 0, table
