@@ -30,6 +30,7 @@ from django.urls import reverse
 from django.utils import timezone
 from pytest_django.live_server_helper import LiveServer
 from selenium import webdriver
+from selenium.common.exceptions import WebDriverException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
@@ -122,7 +123,17 @@ def click_and_load(driver: WebDriver, element) -> None:
     """Click something that loads a new page, and wait until it has."""
     old_page = driver.find_element(By.TAG_NAME, "html")
     element.click()
-    wait(driver).until(EC.staleness_of(old_page))
+
+    def left(_driver: WebDriver) -> bool:
+        # Chromium may answer "node does not belong to the document" instead of
+        # "stale element" while the old page goes away: either way, it is gone.
+        try:
+            old_page.is_enabled()
+        except WebDriverException:
+            return True
+        return False
+
+    wait(driver).until(left)
     wait(driver).until(lambda d: d.execute_script("return document.readyState") == "complete")
 
 
