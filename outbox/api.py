@@ -15,7 +15,6 @@ transaction, and push ids to Redis only after the commit.
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from functools import lru_cache, partial
@@ -28,6 +27,8 @@ from redis import Redis
 from . import signals
 from .conf import outbox_settings
 from .enqueue_sql import insert_postgresql
+from .message_id import make_message_id as make_message_id
+from .message_id import message_id_domain
 from .models import Attachment, Delivery, Email, EmailTemplate
 
 # Re-exported: the validation step's public names, where callers found them.
@@ -40,10 +41,6 @@ from .rendering import TemplateCache, render
 from .suppression import bare_address, suppressed
 
 logger = logging.getLogger("outbox.enqueue")
-
-# Message-ID is "<" + 32 hex + "@" + domain + ">" in a 255-character column;
-# also short enough that no mail library folds it onto a second line.
-MAX_MESSAGE_ID_DOMAIN = 60
 
 # Chunk size of `recipient__in` look-ups (SQLite limits query parameters).
 _IN_CHUNK = 500
@@ -227,26 +224,11 @@ def write_prepared(prepared: Sequence[Prepared]) -> list[list[Delivery]]:
         return [_write(p) for p in prepared]
 
 
-def make_message_id(domain: str) -> str:
-    """A globally unique Message-ID for one recipient's copy (fits its column)."""
-    if len(domain) > MAX_MESSAGE_ID_DOMAIN:
-        domain = "localhost"  # a valid but absurdly long sender domain
-    return f"<{uuid.uuid4().hex}@{domain}>"
-
-
-def _message_id_domain(from_email: str) -> str:
-    domain = outbox_settings.MESSAGE_ID_DOMAIN or from_email.rpartition("@")[2].rstrip(">")
-    try:
-        return domain.encode("idna").decode("ascii") or "localhost"
-    except UnicodeError:
-        return "localhost"
-
-
 def _write(p: Prepared) -> list[Delivery]:
     using = router.db_for_write(Delivery)
     now = timezone.now()
     not_before = p.send_at or now
-    domain = _message_id_domain(p.from_email)
+    domain = message_id_domain(p.from_email)
     if (
         p.idempotency_key is None
         and not p.attachments

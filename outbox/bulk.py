@@ -22,15 +22,14 @@ from django.utils import timezone
 
 from . import signals
 from .api import (
-    _message_id_domain,
     _write,
-    make_message_id,
     mirror,
     prepare_email,
     prepare_template,
     queue_entries,
 )
 from .enqueue_sql import BulkRow, insert_many
+from .message_id import make_message_id, message_id_domain
 from .models import Delivery, Email, EmailTemplate
 from .prepare import Prepared
 from .queue import QueueEntry
@@ -118,7 +117,7 @@ def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
     for p in chunk:
         domain = domains.get(p.from_email)
         if domain is None:
-            domain = domains[p.from_email] = _message_id_domain(p.from_email)
+            domain = domains[p.from_email] = message_id_domain(p.from_email)
         rows.append(
             BulkRow(
                 p,

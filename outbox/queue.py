@@ -45,24 +45,19 @@ The rules every script keeps:
 
 Duplicate ids are harmless: a worker acts on an id only through a conditional
 UPDATE in the database, so a stale or repeated id changes nothing.
-
-One module, slightly over the house's 400 lines, on purpose: the key table
-above and the one class that names every key and calls every script must be
-read together, or a key's rules end up in two places.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
-from functools import cache, partial
-from importlib import resources
+from functools import partial
 from typing import Any, NamedTuple, cast
 
 from redis import Redis
-from redis.commands.core import Script
 
 from .conf import PRIORITIES, outbox_settings
 from .redis_cluster import is_cluster, slot_target
+from .scripts import shared_script
 
 PRIORITY_INDEX: dict[str, int] = {name: i + 1 for i, name in enumerate(PRIORITIES)}
 PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
@@ -86,25 +81,6 @@ class QueueEntry(NamedTuple):
 class Claimed(NamedTuple):
     id: int
     priority: str
-
-
-@cache
-def _shared_script(name: str) -> Script:
-    """One Script per process: its source is read and its SHA1 computed once.
-
-    It is always called with the queue's own client (``client=``), so one
-    object serves every connection.
-    """
-    return Script(None, _script_source(name).encode())  # type: ignore[arg-type]
-
-
-@cache
-def _script_source(name: str) -> str:
-    lua = resources.files("outbox").joinpath("lua")
-    body = lua.joinpath(f"{name}.lua").read_text(encoding="utf-8")
-    if name.startswith("lock_"):
-        return body  # lock scripts take only the lock key
-    return lua.joinpath("_common.lua").read_text(encoding="utf-8") + "\n" + body
 
 
 def get_connection() -> Redis:
@@ -185,7 +161,7 @@ class RedisQueue:
         # Script objects use EVALSHA and reload on NOSCRIPT, so they survive a
         # Redis restart that forgot the script cache. A caller may still pass
         # its own client= (a pipeline).
-        return partial(_shared_script(name), client=self.redis)
+        return partial(shared_script(name), client=self.redis)
 
     def script(self, name: str) -> Callable[..., Any]:
         """The Lua script ``outbox/lua/<name>.lua``, called on this connection."""

@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from django.core import mail
 
 from outbox.queue import RedisQueue
+from outbox.worker import Worker
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,3 +78,22 @@ def worker_process():
         proc.wait(timeout=10)
         if proc.stdout:
             proc.stdout.close()
+
+
+@pytest.fixture
+def running() -> Iterator:
+    """Start in-process workers (not burst), each in a thread; stopped at the end."""
+    started: list[tuple[Worker, threading.Thread]] = []
+
+    def start(**kwargs: Any) -> Worker:
+        worker = Worker(**kwargs)
+        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
+        thread.start()
+        started.append((worker, thread))
+        return worker
+
+    yield start
+    for worker, thread in started:
+        worker.stop()
+        thread.join(timeout=30)
+        assert not thread.is_alive()

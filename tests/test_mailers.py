@@ -8,7 +8,6 @@ process, as tests/test_worker.py runs it.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -205,25 +204,6 @@ def test_send_timeout_bounds_each_mailer(settings, options, expected):
 
 
 # -- rate limits keyed by mailer --------------------------------------------------------
-
-
-@pytest.fixture
-def running() -> Iterator:
-    """Start an in-process worker (not burst) in a thread; stopped at the end."""
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def start(**kwargs: Any) -> Worker:
-        worker = Worker(**kwargs)
-        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def test_a_mailer_limit_holds_bulk_mail_while_default_mail_flows(

@@ -27,13 +27,13 @@ settings.configure(
     USE_TZ=True,
 )
 django.setup()
-import outbox, outbox.queue
+import outbox, outbox.queue, outbox.scripts
 assert outbox.__file__.startswith(sys.argv[1]), outbox.__file__
 from django.core.management import call_command
 call_command("migrate", "outbox", verbosity=0)
 from outbox.models import Delivery
 assert Delivery.objects.count() == 0
-assert "redis.call" in outbox.queue._script_source("claim")
+assert "redis.call" in outbox.scripts._script_source("claim")
 print("ok", outbox.__version__)
 """
 

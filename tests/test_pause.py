@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import io
 import signal
-import threading
-from collections.abc import Iterator
 
 import pytest
 from django.core.management import CommandError, call_command
@@ -13,31 +11,11 @@ from django.core.management import CommandError, call_command
 from outbox import control, enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.status import collect, render
-from outbox.worker import Worker
 from tests.servers import SMTPRecorder, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 Status = Delivery.Status
-
-
-@pytest.fixture
-def running() -> Iterator:
-    """Start an in-process worker (not burst) in a thread; stopped at the end."""
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def start(**kwargs) -> Worker:
-        worker = Worker(**kwargs)
-        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def run(command: str, *args: str) -> str:

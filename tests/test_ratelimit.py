@@ -8,7 +8,6 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -21,7 +20,6 @@ from outbox.models import Attempt, Delivery
 from outbox.ratelimit import Limit, take
 from outbox.status import collect, render
 from outbox.sweeper import Sweeper
-from outbox.worker import Worker
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_send_timeout import use_smtp
 
@@ -36,25 +34,6 @@ def limits(settings, **extra) -> None:
 
 def errors(code: str) -> list[str]:
     return [e.msg for e in check_outbox_settings() if e.id == code]
-
-
-@pytest.fixture
-def running() -> Iterator:
-    """Start an in-process worker (not burst) in a thread; stopped at the end."""
-    started: list[tuple[Worker, threading.Thread]] = []
-
-    def start(**kwargs) -> Worker:
-        worker = Worker(**kwargs)
-        thread = threading.Thread(target=worker.run, kwargs={"install_signal_handlers": False})
-        thread.start()
-        started.append((worker, thread))
-        return worker
-
-    yield start
-    for worker, thread in started:
-        worker.stop()
-        thread.join(timeout=30)
-        assert not thread.is_alive()
 
 
 def started_times(rows) -> list[float]:
@@ -325,8 +304,11 @@ def test_an_idle_worker_wakes_when_a_held_or_scheduled_id_falls_due(settings, ru
     """
     settings.OUTBOX = {**settings.OUTBOX, "BLOCK_TIMEOUT": 8.0}
     worker = running()
-    wait_until(lambda: worker.queue.live_workers(), timeout=10)
-    time.sleep(0.2)  # let its threads block on the wake token first
+    # Its threads block on the wake token first (with nothing scheduled: 8 s).
+    wait_until(
+        lambda: any(c.get("cmd") == "blpop" for c in worker.queue.redis.client_list()),
+        timeout=10,
+    )
     due = timezone.now() + timedelta(seconds=0.5)
     [row] = enqueue_email("s", "b", None, ["later@example.com"], send_at=due)
     wait_until(

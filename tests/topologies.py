@@ -19,6 +19,7 @@ import signal
 import socket
 import subprocess
 import tempfile
+from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,7 @@ def _server_args(port: int) -> list[str]:
     return ["--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
 
 
-class _Topology:
+class _Topology(ABC):
     def __init__(self) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="outbox-topology-"))
         self.nodes: list[_Node] = []
@@ -126,8 +127,9 @@ class _Topology:
     def env(self) -> dict[str, str]:
         return {"OUTBOX_TEST_REDIS_TOPOLOGY": self.topology()}
 
+    @abstractmethod
     def topology(self) -> str:
-        raise NotImplementedError
+        """The topology's description for tests/settings.py (OUTBOX_TEST_REDIS_TOPOLOGY)."""
 
     def close(self) -> None:
         for node in self.nodes:
