@@ -163,7 +163,7 @@ class SimWorker:
     def __init__(self, name: str) -> None:
         self.name = name
         self.worker = Worker(worker_id=name, burst=True)
-        self.worker._register()  # what Worker.run() does first
+        self.worker._register(self.worker.worker_id)  # what Worker.run() does first
         self.backend = ScriptedBackend()
         self.loop = SenderLoop(self.worker, 0, self.backend)
         self.in_hand: Started | None = None  # marked processing, not yet sent

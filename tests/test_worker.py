@@ -367,6 +367,41 @@ def test_worker_survives_a_redis_restart(redis_server, settings, outbox_mail):
     assert [m.subject for m in outbox_mail] == ["before", "after"]
 
 
+def test_two_threads_noticing_a_lost_registration_leave_one_live_incarnation(queue):
+    """After Redis lost a worker's entry, exactly one new incarnation is registered.
+
+    The heartbeat thread and a sender thread may both notice the loss. If one
+    published a new name before registering it, the other could read that
+    name, find it unregistered and move on again: the first name would then be
+    registered by nobody's heartbeat and declared dead by the sweeper a few
+    seconds later (seen in a chaos run after a Redis wipe). Here a second thread
+    notices the loss in the middle of the first one's registration.
+    """
+    worker = Worker()
+    lost = worker.worker_id
+    queue.register(lost)
+    queue.redis.delete(queue.workers_key)  # Redis forgot every worker
+    real_register = worker.queue.register
+    others: list[threading.Thread] = []
+
+    def register_while_another_thread_notices(worker_id: str) -> float:
+        if not others:
+            seen = worker.worker_id  # what a sender thread would claim under now
+            other = threading.Thread(target=worker.reincarnate, args=(seen,))
+            others.append(other)
+            other.start()
+            other.join(0.5)  # it must wait for us, or have nothing left to do
+        return real_register(worker_id)
+
+    worker.queue.register = register_while_another_thread_notices  # type: ignore[method-assign]
+    worker.reincarnate(lost)
+    others[0].join(10)
+    assert not others[0].is_alive()
+    members = [m.decode() for m in queue.redis.zrange(queue.workers_key, 0, -1)]
+    assert members == [worker.worker_id] != [lost]
+    assert worker.generation == 1
+
+
 def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     worker = Worker(burst=True)

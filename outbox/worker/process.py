@@ -91,6 +91,10 @@ class Worker:
         self.crashed = False
         self._handled = 0
         self._lock = threading.Lock()
+        # Its own lock: a new incarnation's registration may be retried for as
+        # long as Redis is away, and the sender threads must still count their
+        # messages under `_lock` meanwhile.
+        self._incarnation_lock = threading.Lock()
         # SQLite has one writer at a time, and a thread that finds the file
         # locked sleeps in SQLite's busy handler (1 ms, 2 ms, 5 ms, ...). The
         # sender threads take this lock around their write transaction instead,
@@ -109,7 +113,7 @@ class Worker:
         """Run until stopped; returns the exit status: 0, or 1 if a sender thread crashed."""
         if install_signal_handlers:
             self._install_signal_handlers()
-        self._register()
+        self._register(self.worker_id)
         logger.info(
             "worker %s started: concurrency %d%s",
             self.worker_id,
@@ -182,10 +186,10 @@ class Worker:
 
     # -- registration and heartbeat ------------------------------------------------
 
-    def _register(self) -> None:
+    def _register(self, worker_id: str) -> None:
         while True:
             try:
-                self.clock.observe(self.queue.register(self.worker_id))
+                self.clock.observe(self.queue.register(worker_id))
                 return
             except RedisError as exc:
                 logger.warning("cannot register with Redis (%s); retrying", exc)
@@ -202,21 +206,26 @@ class Worker:
     def reincarnate(self, old: str) -> None:
         """Carry on as a new incarnation after ``old`` was declared dead.
 
-        Called by whichever thread noticed first; the others find the name
-        already changed.
+        Called by whichever thread noticed first; the others wait, then find
+        the name already changed. The new name is registered *before* it is
+        published: a thread that read a published but unregistered name would
+        find it "dead" and move on again, leaving the first name registered
+        with nobody beating for it, to be declared dead by the sweeper.
         """
-        with self._lock:
+        with self._incarnation_lock:
             if self.worker_id != old:
                 return
-            self.generation += 1
-            self.worker_id = new_incarnation(self.name)
-        logger.warning(
-            "worker %s was declared dead (or Redis lost its entry); its claims are the "
-            "sweeper's now; continuing as %s",
-            old,
-            self.worker_id,
-        )
-        self._register()
+            new = new_incarnation(self.name)
+            logger.warning(
+                "worker %s was declared dead (or Redis lost its entry); its claims are the "
+                "sweeper's now; continuing as %s",
+                old,
+                new,
+            )
+            self._register(new)
+            with self._lock:
+                self.generation += 1
+                self.worker_id = new
 
     def _heartbeat_loop(self) -> None:
         interval = outbox_settings.HEARTBEAT_INTERVAL
