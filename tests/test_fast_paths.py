@@ -217,6 +217,54 @@ def test_fast_and_plain_step_agree(request, settings, setup, settle_token, cache
 
 
 @pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("functions", [True, False], ids=["function", "plain"])
+def test_steps_written_together_give_each_step_its_result_alone(settings, functions):
+    """The group commit's batch: every case of CASES in one transaction.
+
+    Each step's result and rows must be what the same step gives alone; a row
+    two steps of one batch both claim goes to one of them only.
+    """
+    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
+    now = timezone.now() + timedelta(seconds=5)
+
+    def steps_for_every_case() -> tuple[list[sql.Step], list[list[Delivery | None]]]:
+        steps, rows = [], []
+        for _name, setup, settle_token, cached in CASES:
+            settle, claim = setup()
+            known = claim.email_id if (claim is not None and cached) else 0
+            steps.append(
+                sql.Step(
+                    (settle.pk, settle_token) if settle is not None else None,
+                    claim.pk if claim is not None else None,
+                    "w#new",
+                    TOKEN,
+                    now,
+                    known,
+                )
+            )
+            rows.append([settle, claim])
+        return steps, rows
+
+    steps, rows = steps_for_every_case()
+    alone = [sql.run_steps([step])[0] for step in steps]
+    alone_rows = [[_state(r.pk) if r else None for r in pair] for pair in rows]
+    steps, rows = steps_for_every_case()
+    together = sql.run_steps(steps)
+    together_rows = [[_state(r.pk) if r else None for r in pair] for pair in rows]
+    assert [_outcome(r) for r in together] == [_outcome(r) for r in alone]
+    assert together_rows == alone_rows
+
+    # Two steps of one batch claim the same queued row: one gets it.
+    row = _row(Status.QUEUED)
+    twice = sql.run_steps(
+        [sql.Step(None, row.pk, f"w#{n}", uuid.UUID(int=10 + n), now, 0) for n in range(2)]
+    )
+    assert sorted(claimed is not None for _settled, claimed in twice) == [False, True]
+    after = _state(row.pk)
+    assert (after["status"], after["attempts"]) == (Status.PROCESSING, 1)
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_fast_step_settles_and_claims_in_one_go(settings):
     """A success and a claim in one step; on PostgreSQL, through the function."""
     settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}

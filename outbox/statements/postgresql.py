@@ -8,6 +8,7 @@ What is here, in the order an email meets it:
 - ``ENQUEUE_MANY``: one chunk of ``enqueue_many``, one statement;
 - ``STEP`` / ``STEP_CALL``: the worker's step, the success of the message in
   hand (step 4) and the claim of the next one (step 2) with its content;
+  ``STEPS_CALL``: several threads' steps in one statement (one commit);
 - ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
   path (any outcome other than a success);
 - the PL/pgSQL functions behind the ``..._CALL`` statements, which migration
@@ -179,6 +180,20 @@ LEFT JOIN outbox_email e ON e.id = c.email_id AND e.id <> %(known)s
 STEP_CALL = """
 SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
     %(now)s, %(known)s, %(expired)s)
+"""
+
+# Several threads' steps in one statement, so in one commit (the worker's group
+# commit, ``outbox/worker/group_commit.py``): STEP_FUNCTION_V1 once per step, in
+# order. The function is VOLATILE, so each call sees the rows the calls before it
+# wrote: a row claimed twice in one batch goes to one of them only.
+STEPS_CALL = """
+SELECT s.* FROM unnest(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],
+    %(claim_ids)s::bigint[], %(workers)s::varchar[], %(tokens)s::uuid[],
+    %(nows)s::timestamptz[], %(knowns)s::bigint[])
+    WITH ORDINALITY AS r(settle_id, settle_token, claim_id, worker, token, now, known, n)
+CROSS JOIN LATERAL outbox_step(r.settle_id, r.settle_token, r.claim_id, r.worker, r.token,
+    r.now, r.known, %(expired)s) AS s
+ORDER BY r.n
 """
 
 # An email's content, when the claim did not bring it.

@@ -15,6 +15,8 @@ one :class:`SenderLoop`, one per thread:
 from __future__ import annotations
 
 import logging
+import os
+import random
 import time
 import uuid
 from collections import deque
@@ -65,6 +67,10 @@ class SenderLoop:
         self.pending: deque[Claimed] = deque()
         self.acks: list[int] = []
         self.tokens: dict[int, uuid.UUID] = {}
+        # Claim tokens and nonces need to be unique, not secret: drawn from a
+        # generator seeded once per thread, not from os.urandom() per email,
+        # whose system call hands the GIL to another thread every time.
+        self.random = random.Random(os.urandom(32))
         self.settlement: Settlement | None = None
         self.nonce: str | None = None
         self.generation = worker.generation
@@ -100,6 +106,9 @@ class SenderLoop:
             self._give_back()
             self.connections.close_mailers()
 
+    def _new_token(self) -> uuid.UUID:
+        return uuid.UUID(int=self.random.getrandbits(128), version=4)
+
     # -- step 1: claim ----------------------------------------------------------
 
     def _claim(self) -> bool | None:
@@ -110,7 +119,7 @@ class SenderLoop:
         worker_id = self.worker.worker_id
         # A fresh nonce per claim; the same one again after an error, so that a
         # claim whose reply was lost hands back its ids instead of hiding them.
-        self.nonce = self.nonce or uuid.uuid4().hex
+        self.nonce = self.nonce or self._new_token().hex
         try:
             result = self.worker.queue.claim(
                 worker_id, want, thread=self.index, nonce=self.nonce, acks=self.acks
@@ -193,7 +202,7 @@ class SenderLoop:
         Returns what to send, or None (a stale id, or the database is away and
         the item waits at the head of ``pending`` with its token).
         """
-        token = self.tokens.pop(item.id, None) or uuid.uuid4()
+        token = self.tokens.pop(item.id, None) or self._new_token()
         try:
             changed, claimed = self._settle_and_mark(item, token)
         except DatabaseError as exc:
@@ -219,28 +228,27 @@ class SenderLoop:
     ) -> tuple[int, sql.ClaimedRow | None]:
         """Step 4 of the previous message and step 2 of the next, in one transaction.
 
-        The common case (no outcome, or a success) has a fast path per
-        database: on PostgreSQL one statement in autocommit, which PostgreSQL
-        runs atomically (one round trip, one commit per email); on SQLite two
-        statements in one transaction on the DB-API connection. Any other
-        outcome takes Django's atomic(). Raises DatabaseError when the database
-        is away; the caller retries with the same outcome and token.
+        The common case (no outcome, or a success) goes through the worker's
+        group commit (``group_commit.py``): written with the steps of the
+        other threads that wait at the same moment, in one statement on
+        PostgreSQL, one transaction on SQLite. Any other outcome takes
+        Django's atomic(). Raises DatabaseError when the database is away;
+        the caller retries with the same outcome and token.
         """
         s = self.settlement
         now = self.worker.clock.now()
         worker_id = self.worker.worker_id
         vendor = connection.vendor
-        # SQLite: see Worker.sqlite_write_lock.
-        one_writer = self.worker.sqlite_write_lock if vendor == "sqlite" else nullcontext()
         if vendor in ("postgresql", "sqlite") and (s is None or s.outcome == Outcome.SENT):
             settle = (s.delivery.pk, s.started.token) if s is not None else None
             known = self.worker.emails.recent()
-            step = sql.step_postgresql if vendor == "postgresql" else sql.step_sqlite
-            with one_writer:
-                changed, claimed = step(settle, item.id, worker_id, token, now, known)
+            step = sql.Step(settle, item.id, worker_id, token, now, known)
+            changed, claimed = self.worker.group_commit.run(step)
             if s is not None and not changed:
                 changed = sent_but_not_ours(s, now)
             return changed, claimed
+        # SQLite: see Worker.sqlite_write_lock.
+        one_writer = self.worker.sqlite_write_lock if vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic():
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, worker_id, token, now)

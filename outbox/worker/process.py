@@ -24,7 +24,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
@@ -39,8 +39,10 @@ from ..control import ControlView
 from ..queue import QueueEntry, RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
+from .group_commit import GroupCommit
 from .loop import SenderLoop
 from .report import Stats
+from .sql import Step, StepResult, run_steps
 
 logger = logging.getLogger("outbox.worker")
 
@@ -101,6 +103,8 @@ class Worker:
         # so the next one starts the moment a commit ends, while the others
         # build and send messages. Other processes still meet the busy handler.
         self.sqlite_write_lock = threading.Lock()
+        # The sender threads' steps, written together (group_commit.py).
+        self.group_commit = GroupCommit(self._write_steps, limit=max(1, self.concurrency))
         self._sigint_count = 0
 
     @property
@@ -150,6 +154,12 @@ class Worker:
             "; a sender thread crashed" if self.crashed else "",
         )
         return 1 if self.crashed else 0
+
+    def _write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
+        if connection.vendor == "sqlite":
+            with self.sqlite_write_lock:
+                return run_steps(steps)
+        return run_steps(steps)
 
     def stop(self) -> None:
         """Ask every thread to finish the message in hand and exit."""

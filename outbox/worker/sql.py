@@ -20,7 +20,7 @@ from datetime import datetime
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
@@ -127,6 +127,39 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     return ClaimedRow(_delivery(pk, worker_id, token, now, row[:6]), None, False, expired)
 
 
+class Step(NamedTuple):
+    """One thread's step: the success to record (if any) and the row to claim."""
+
+    settle: tuple[int, uuid.UUID] | None  # (row, its claim token): mark it sent
+    claim_id: int | None
+    worker_id: str
+    token: uuid.UUID  # the claim token of this attempt
+    now: datetime  # Redis time
+    known_email: int  # the email whose content the thread has (0: none)
+
+
+StepResult = tuple[int, ClaimedRow | None]  # rows the success changed, the claimed row
+
+
+def run_steps(steps: Sequence[Step]) -> list[StepResult]:
+    """Run several threads' steps in one transaction: one commit for all of them.
+
+    Each step is still its own pair of conditional UPDATEs, so the result of
+    each is what it would have been alone (a row claimed twice in one batch
+    goes to one of them only). The transaction is atomic: if it fails, no step
+    happened, and every thread retries its own with the same tokens. Raises
+    DatabaseError.
+    """
+    if connection.vendor == "sqlite":
+        return _steps_sqlite(steps)
+    if len(steps) == 1:
+        return [_step_postgresql(steps[0])]
+    if outbox_settings.POSTGRESQL_FUNCTIONS:
+        return _steps_postgresql(steps)
+    with transaction.atomic():
+        return [_step_postgresql(step) for step in steps]
+
+
 def step_postgresql(
     settle: tuple[int, uuid.UUID] | None,
     claim_id: int | None,
@@ -134,33 +167,68 @@ def step_postgresql(
     token: uuid.UUID,
     now: datetime,
     known_email: int,
-) -> tuple[int, ClaimedRow | None]:
+) -> StepResult:
     """Record a success and claim the next row in one statement (PostgreSQL).
 
     Returns how many rows the success UPDATE changed and the claimed row (with
     its email's content unless it is ``known_email``), or None.
     """
+    return _step_postgresql(Step(settle, claim_id, worker_id, token, now, known_email))
+
+
+def _step_postgresql(step: Step) -> StepResult:
     statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(connection) as cursor:
-        cursor.execute(
-            statement,
-            _params(
-                now,
-                settle_id=settle[0] if settle is not None else None,
-                settle_token=settle[1] if settle is not None else None,
-                claim_id=claim_id,
-                worker=worker_id,
-                token=token,
-                known=known_email,
-            ),
-        )
+        cursor.execute(statement, _step_params(step))
         row = cursor.fetchone()
     assert row is not None  # the SELECT always returns its one row
+    return _step_result(step, row)
+
+
+def _steps_postgresql(steps: Sequence[Step]) -> list[StepResult]:
+    # One statement: outbox_step() once per step, in order, in one transaction.
+    claim_token = Delivery._meta.get_field("claim_token")
+    with binding_cursor(connection) as cursor:
+        cursor.execute(
+            postgresql.STEPS_CALL,
+            {
+                "settle_ids": [s.settle[0] if s.settle else None for s in steps],
+                "settle_tokens": [
+                    claim_token.get_db_prep_value(s.settle[1] if s.settle else None, connection)
+                    for s in steps
+                ],
+                "claim_ids": [s.claim_id for s in steps],
+                "workers": [s.worker_id for s in steps],
+                "tokens": [claim_token.get_db_prep_value(s.token, connection) for s in steps],
+                "nows": [connection.ops.adapt_datetimefield_value(s.now) for s in steps],
+                "knowns": [s.known_email for s in steps],
+                "expired": EXPIRED_ERROR,
+            },
+        )
+        rows = cursor.fetchall()
+    assert len(rows) == len(steps)  # one row per step, in order
+    return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
+
+
+def _step_params(step: Step) -> dict[str, Any]:
+    return _params(
+        step.now,
+        settle_id=step.settle[0] if step.settle is not None else None,
+        settle_token=step.settle[1] if step.settle is not None else None,
+        claim_id=step.claim_id,
+        worker=step.worker_id,
+        token=step.token,
+        known=step.known_email,
+    )
+
+
+def _step_result(step: Step, row: Sequence[Any]) -> StepResult:
+    """A step's row (``outbox_step``'s columns) as the worker needs it."""
     settled = int(row[0])
     if row[1] is None:
         return settled, None
-    assert claim_id is not None  # a claimed row came back
-    delivery = _delivery(claim_id, worker_id, token, now, row[1:7])
+    assert step.claim_id is not None  # a claimed row came back
+    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row[1:7])
     expired = row[15] == Status.CANCELLED
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
@@ -174,37 +242,37 @@ def step_sqlite(
     token: uuid.UUID,
     now: datetime,
     known_email: int,
-) -> tuple[int, ClaimedRow | None]:
-    """Record a success and claim the next row in one transaction (SQLite).
+) -> StepResult:
+    """Record a success and claim the next row in one transaction (SQLite)."""
+    return _steps_sqlite([Step(settle, claim_id, worker_id, token, now, known_email)])[0]
 
-    The same contract as :func:`step_postgresql`. It runs on the DB-API
-    connection with its own BEGIN IMMEDIATE ... COMMIT: Django's atomic() and
-    cursor wrappers cost more Python than the two statements, and this is the
-    only write of a delivered email. Errors still surface as Django's
-    DatabaseError, and a failed transaction is rolled back whole.
+
+def _steps_sqlite(steps: Sequence[Step]) -> list[StepResult]:
+    """The steps in one transaction on SQLite.
+
+    The same contract as :func:`run_steps`. It runs on the DB-API connection
+    with its own BEGIN IMMEDIATE ... COMMIT: Django's atomic() and cursor
+    wrappers cost more Python than the statements, and this is the only write
+    of a delivered email. Errors still surface as Django's DatabaseError, and
+    a failed transaction is rolled back whole.
     """
-    params = _params(
-        now,
-        settle_id=settle[0] if settle is not None else None,
-        settle_token=settle[1] if settle is not None else None,
-        claim_id=claim_id,
-        worker=worker_id,
-        token=token,
-        known=known_email,
-    )
     connection.ensure_connection()
     raw = connection.connection
-    settled, row = 0, None
+    found: list[tuple[int, Any]] = []
     with connection.wrap_database_errors:
         cursor = raw.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         try:
-            if settle is not None:
-                cursor.execute(_dbapi_text(sqlite.SENT), params)
-                settled = cursor.rowcount
-            if claim_id is not None:
-                cursor.execute(_dbapi_text(sqlite.CLAIM_WITH_CONTENT), params)
-                row = cursor.fetchone()
+            for step in steps:
+                params = _step_params(step)
+                settled, row = 0, None
+                if step.settle is not None:
+                    cursor.execute(_dbapi_text(sqlite.SENT), params)
+                    settled = cursor.rowcount
+                if step.claim_id is not None:
+                    cursor.execute(_dbapi_text(sqlite.CLAIM_WITH_CONTENT), params)
+                    row = cursor.fetchone()
+                found.append((settled, row))
             cursor.execute("COMMIT")
         except BaseException:
             if raw.in_transaction:
@@ -212,10 +280,14 @@ def step_sqlite(
             raise
         finally:
             cursor.close()
+    return [_sqlite_result(step, *result) for step, result in zip(steps, found, strict=True)]
+
+
+def _sqlite_result(step: Step, settled: int, row: Sequence[Any] | None) -> StepResult:
     if row is None:
         return settled, None
-    assert claim_id is not None
-    delivery = _delivery(claim_id, worker_id, token, now, row[:6])
+    assert step.claim_id is not None
+    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row[:6])
     expired = row[6] == Status.CANCELLED
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)

@@ -48,8 +48,10 @@ them with the unit).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -67,7 +69,8 @@ FIRST_BACKOFF = 1.0
 MAX_BACKOFF = 30.0
 # A child that lived this long was healthy: its next restart waits FIRST_BACKOFF again.
 STABLE_AFTER = 60.0
-# How often the supervisor looks at its children and at the signals it received.
+# How often the supervisor looks at its children and at the signals it received,
+# at the latest: a child's exit (SIGCHLD) and SIGTERM/SIGINT wake it at once.
 TICK = 0.1
 # Exit status after a second SIGINT, as a single worker's.
 INTERRUPTED = 130
@@ -136,6 +139,7 @@ def _run_forked(target: Callable[[], int]) -> NoReturn:
         # The supervisor's handlers only set its flags; the worker installs its own.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         devnull = os.open(os.devnull, os.O_RDONLY)
         os.dup2(devnull, 0)
         os.close(devnull)
@@ -193,11 +197,25 @@ class Supervisor:
         # Set by the signal handler only; the main loop acts on them.
         self.stopping = False
         self.interrupts = 0
+        # Written to by the handlers of SIGCHLD, SIGTERM and SIGINT: look now, not
+        # at the next TICK. A pipe, since a handler must not take a lock the main
+        # thread may hold (threading.Event's).
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
 
     def run(self, install_signal_handlers: bool = True) -> int:
         """Supervise until every child is done; returns the exit status (0, 1 or 130)."""
         if install_signal_handlers:
             self._install_signal_handlers()
+        try:
+            return self._supervise()
+        finally:
+            if install_signal_handlers:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+    def _supervise(self) -> int:
         # The command's system checks may have opened a database connection
         # (Django 6.1 does); the supervisor must hold none, and children must
         # not inherit one.
@@ -211,7 +229,7 @@ class Supervisor:
         for child in self.children:
             self._start(child)
         while not all(child.done for child in self.children):
-            time.sleep(TICK)
+            self._sleep(TICK)
             if self.interrupts > 1:
                 self._kill_all()
                 return INTERRUPTED
@@ -224,19 +242,31 @@ class Supervisor:
         logger.info("supervisor (pid %d) exiting with status %d", os.getpid(), status)
         return status
 
+    def _wake(self) -> None:
+        with contextlib.suppress(BlockingIOError):  # full: it will wake anyway
+            os.write(self._wake_w, b"\0")
+
+    def _sleep(self, timeout: float) -> None:
+        readable, _, _ = select.select([self._wake_r], [], [], timeout)
+        if readable:
+            os.read(self._wake_r, 512)
+
     def child_pids(self) -> list[int]:
         """The pids of the children running now."""
         return [c.proc.pid for c in self.children if c.proc is not None]
 
     def _install_signal_handlers(self) -> None:
         def on_signal(signum: int, frame: FrameType | None) -> None:
-            # Only flags here; the main loop signals the children within a TICK.
+            # Only flags here; the main loop, woken at once, signals the children.
             if signum == signal.SIGINT:
                 self.interrupts += 1
             self.stopping = True
+            self._wake()
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        # A burst run ends when its last child does, not up to a TICK later.
+        signal.signal(signal.SIGCHLD, lambda signum, frame: self._wake())
 
     def _start(self, child: Child) -> None:
         child.started = time.monotonic()
