@@ -275,6 +275,14 @@ def test_the_fast_step_settles_and_claims_in_one_go(settings):
     assert claimed is not None and claimed.email is not None
     assert claimed.email.subject == "s" and claimed.email.reply_to == []
     assert claimed.email.mailer == ""
+    # Built without Model.__init__ (sql._instance): every field is set, none
+    # deferred (a deferred one would be read back from the database later),
+    # and the instances are loaded ones, not new rows.
+    for instance in (claimed.delivery, claimed.email):
+        assert instance.get_deferred_fields() == set()
+        assert instance._state.adding is False and instance._state.db == "default"
+    assert claimed.delivery.recipient == claim.recipient
+    assert claimed.delivery.message_id == claim.message_id
     assert _state(settle.pk)["status"] == Status.SENT
     after = _state(claim.pk)
     assert (after["status"], after["attempts"], after["worker_id"]) == (

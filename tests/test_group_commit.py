@@ -16,6 +16,7 @@ from datetime import datetime
 import pytest
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError
+from django.db.backends.signals import connection_created
 
 from outbox import enqueue_email
 from outbox.models import Delivery
@@ -152,3 +153,26 @@ def test_each_thread_sends_only_after_its_previous_outcome_is_committed(settings
     assert Delivery.objects.filter(status=Delivery.Status.SENT).count() == n
     # Every success and every claim went through the group commit.
     assert worker.group_commit.steps >= n
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_worker_process_writes_every_step_on_one_database_connection(outbox_mail):
+    """Successes and claims all go through the group commit's connection.
+
+    Sender threads open none of their own: with CONN_MAX_AGE=0 each would be a
+    new server session (and, on PostgreSQL, plans made again) per thread.
+    """
+    opened: list[str] = []
+
+    def count(sender: object, connection: object, **kwargs: object) -> None:
+        opened.append(threading.current_thread().name)
+
+    enqueue_email("s", "b", None, [f"r{j}@example.com" for j in range(100)])
+    connection_created.connect(count)
+    try:
+        worker = Worker(burst=True, concurrency=8)
+        assert worker.run(install_signal_handlers=False) == 0
+    finally:
+        connection_created.disconnect(count)
+    assert len(outbox_mail) == 100
+    assert len(opened) == 1, opened

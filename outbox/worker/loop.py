@@ -364,8 +364,24 @@ class SenderLoop:
             return
 
         def write() -> int:
+            now = self.worker.clock.now()
+            if s.outcome == Outcome.SENT and connection.vendor in ("postgresql", "sqlite"):
+                # A success alone goes through the group commit too (a step with
+                # nothing to claim), so that a sender thread needs no database
+                # connection of its own: at the end of a burst run, every thread
+                # writes its last success here at once.
+                step = sql.Step(
+                    (s.delivery.pk, s.started.token),
+                    None,
+                    self.worker.worker_id,
+                    s.started.token,
+                    now,
+                    0,
+                )
+                changed, _claimed = self.worker.group_commit.run(step)
+                return changed or sent_but_not_ours(s, now)
             with transaction.atomic():
-                return write_outcome(s, self.worker.clock.now(), self.worker.push_quietly)
+                return write_outcome(s, now, self.worker.push_quietly)
 
         changed = persist(write, s, self.worker.stop_event, drop_db_connection)
         self.settlement = None

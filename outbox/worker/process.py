@@ -17,6 +17,7 @@ then exits with status 1.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import signal
@@ -29,7 +30,8 @@ from types import FrameType
 from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
 from redis.exceptions import RedisError
 
 from ..backends import get_delivery_connection
@@ -105,6 +107,7 @@ class Worker:
         self.sqlite_write_lock = threading.Lock()
         # The sender threads' steps, written together (group_commit.py).
         self.group_commit = GroupCommit(self._write_steps, limit=max(1, self.concurrency))
+        self._step_db: BaseDatabaseWrapper | None = None
         self._sigint_count = 0
 
     @property
@@ -143,6 +146,7 @@ class Worker:
                 self.stats.summary(self.worker_id, time.monotonic() - last_summary)
                 last_summary = time.monotonic()
         self.stop_event.set()
+        self._close_step_connection()
         heartbeat.join(timeout=5)
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
         self._deregister()
@@ -156,10 +160,33 @@ class Worker:
         return 1 if self.crashed else 0
 
     def _write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
-        if connection.vendor == "sqlite":
-            with self.sqlite_write_lock:
-                return run_steps(steps)
-        return run_steps(steps)
+        """The group commit's write, on the step connection; one writer at a time."""
+        db = self._step_connection()
+        try:
+            if db.vendor == "sqlite":
+                with self.sqlite_write_lock:
+                    return run_steps(steps, db)
+            return run_steps(steps, db)
+        except DatabaseError:
+            # The next batch starts on a fresh connection.
+            self._close_step_connection()
+            raise
+
+    def _step_connection(self) -> BaseDatabaseWrapper:
+        # One connection for every batch of this process, whichever thread
+        # writes it: not one per sender thread, each opened (and its plans
+        # made) on the first batch that thread happened to write.
+        if self._step_db is None:
+            db = connections.create_connection(DEFAULT_DB_ALIAS)
+            db.inc_thread_sharing()  # used by one writer at a time (group_commit.py)
+            self._step_db = db
+        return self._step_db
+
+    def _close_step_connection(self) -> None:
+        db, self._step_db = self._step_db, None
+        if db is not None:
+            with contextlib.suppress(DatabaseError):
+                db.close()
 
     def stop(self) -> None:
         """Ask every thread to finish the message in hand and exit."""

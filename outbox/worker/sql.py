@@ -12,15 +12,19 @@ RedisClock (see ``outbox/clock.py``).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from types import ModuleType
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import Model
+from django.db.models.base import ModelState
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
@@ -29,6 +33,11 @@ from ..models import Delivery, Email
 from ..statements import postgresql, sqlite
 
 Status = Delivery.Status
+
+_M = TypeVar("_M", bound=Model)
+_CONCRETE: dict[type[Model], frozenset[str]] = {
+    model: frozenset(f.attname for f in model._meta.concrete_fields) for model in (Delivery, Email)
+}
 
 
 class ClaimedRow(NamedTuple):
@@ -75,38 +84,74 @@ def _params(
     }
 
 
+def _instance(model: type[_M], values: dict[str, Any]) -> _M:
+    """A model instance as the database would have loaded it, without Model.__init__.
+
+    ``__init__`` walks every field with its default and sends two signals:
+    the largest piece of the worker's own CPU per email. ``values`` must name
+    every concrete field, so that no attribute is left deferred (and read
+    back from the database on first use).
+    """
+    assert values.keys() >= _CONCRETE[model], f"{model.__name__}: a field is missing"
+    obj = model.__new__(model)
+    state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
+    obj._state = state
+    obj.__dict__.update(values)
+    return obj
+
+
 def _delivery(
     pk: int, worker_id: str, token: uuid.UUID, now: datetime, row: Sequence[Any]
 ) -> Delivery:
-    """The claimed row as the worker needs it, from the RETURNING columns."""
+    """The claimed row as the worker needs it, from the RETURNING columns.
+
+    The columns the statements do not return are left as ``Delivery()``
+    would set them, except ``not_before``: the row was due at ``now``.
+    """
     email_id, recipient, priority, attempts, max_attempts, message_id = row
-    return Delivery(
-        pk=pk,
-        email_id=email_id,
-        recipient=recipient,
-        priority=priority,
-        attempts=attempts,
-        max_attempts=max_attempts,
-        message_id=message_id,
-        status=Status.PROCESSING,
-        worker_id=worker_id,
-        claim_token=token,
-        processing_started_at=now,
+    return _instance(
+        Delivery,
+        {
+            "id": pk,
+            "email_id": email_id,
+            "recipient": recipient,
+            "status": Status.PROCESSING,
+            "priority": priority,
+            "attempts": attempts,
+            "max_attempts": max_attempts,
+            "not_before": now,
+            "worker_id": worker_id,
+            "claim_token": token,
+            "processing_started_at": now,
+            "sent_at": None,
+            "message_id": message_id,
+            "last_error": "",
+            "expires_at": None,
+            "idempotency_key": None,
+            "created_at": None,
+            "updated_at": None,
+        },
     )
 
 
 def _email_from(pk: int, row: Sequence[Any]) -> Email:
     """The email as the worker needs it, from the content columns the statements return."""
     subject, body, html_message, from_email, reply_to, headers, mailer = row
-    return Email(
-        pk=pk,
-        subject=subject,
-        body=body,
-        html_message=html_message,
-        from_email=from_email,
-        reply_to=_json(reply_to),
-        headers=_json(headers),
-        mailer=mailer,
+    return _instance(
+        Email,
+        {
+            "id": pk,
+            "subject": subject,
+            "body": body,
+            "html_message": html_message,
+            "from_email": from_email,
+            "reply_to": _json(reply_to),
+            "headers": _json(headers),
+            "created_at": None,
+            "mailer": mailer,
+        },
     )
 
 
@@ -141,23 +186,24 @@ class Step(NamedTuple):
 StepResult = tuple[int, ClaimedRow | None]  # rows the success changed, the claimed row
 
 
-def run_steps(steps: Sequence[Step]) -> list[StepResult]:
+def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> list[StepResult]:
     """Run several threads' steps in one transaction: one commit for all of them.
 
     Each step is still its own pair of conditional UPDATEs, so the result of
     each is what it would have been alone (a row claimed twice in one batch
     goes to one of them only). The transaction is atomic: if it fails, no step
     happened, and every thread retries its own with the same tokens. Raises
-    DatabaseError.
+    DatabaseError. ``db``: the connection to use (the worker's step
+    connection); this thread's own by default.
     """
-    if connection.vendor == "sqlite":
-        return _steps_sqlite(steps)
+    db = db if db is not None else connections[DEFAULT_DB_ALIAS]
+    if db.vendor == "sqlite":
+        return _steps_sqlite(steps, db)
     if len(steps) == 1:
-        return [_step_postgresql(steps[0])]
+        return [_step_postgresql(steps[0], db)]
     if outbox_settings.POSTGRESQL_FUNCTIONS:
-        return _steps_postgresql(steps)
-    with transaction.atomic():
-        return [_step_postgresql(step) for step in steps]
+        return _steps_postgresql(steps, db)
+    return _steps_postgresql_plain(steps, db)
 
 
 def step_postgresql(
@@ -173,40 +219,56 @@ def step_postgresql(
     Returns how many rows the success UPDATE changed and the claimed row (with
     its email's content unless it is ``known_email``), or None.
     """
-    return _step_postgresql(Step(settle, claim_id, worker_id, token, now, known_email))
+    step = Step(settle, claim_id, worker_id, token, now, known_email)
+    return _step_postgresql(step, connections[DEFAULT_DB_ALIAS])
 
 
-def _step_postgresql(step: Step) -> StepResult:
+def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
     statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
-    with binding_cursor(connection) as cursor:
+    with binding_cursor(db) as cursor:
         cursor.execute(statement, _step_params(step))
         row = cursor.fetchone()
     assert row is not None  # the SELECT always returns its one row
     return _step_result(step, row)
 
 
-def _steps_postgresql(steps: Sequence[Step]) -> list[StepResult]:
+def _steps_postgresql(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
     # One statement: outbox_step() once per step, in order, in one transaction.
-    claim_token = Delivery._meta.get_field("claim_token")
-    with binding_cursor(connection) as cursor:
+    with binding_cursor(db) as cursor:
         cursor.execute(
             postgresql.STEPS_CALL,
             {
                 "settle_ids": [s.settle[0] if s.settle else None for s in steps],
-                "settle_tokens": [
-                    claim_token.get_db_prep_value(s.settle[1] if s.settle else None, connection)
-                    for s in steps
-                ],
+                "settle_tokens": [s.settle[1] if s.settle else None for s in steps],
                 "claim_ids": [s.claim_id for s in steps],
                 "workers": [s.worker_id for s in steps],
-                "tokens": [claim_token.get_db_prep_value(s.token, connection) for s in steps],
-                "nows": [connection.ops.adapt_datetimefield_value(s.now) for s in steps],
+                # psycopg takes UUIDs and aware datetimes as they are.
+                "tokens": [s.token for s in steps],
+                "nows": [s.now for s in steps],
                 "knowns": [s.known_email for s in steps],
                 "expired": EXPIRED_ERROR,
             },
         )
         rows = cursor.fetchall()
     assert len(rows) == len(steps)  # one row per step, in order
+    return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
+
+
+def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
+    # Without the functions: STEP once per step, in one explicit transaction
+    # (the connection may be the worker's shared one, which atomic() cannot name).
+    rows = []
+    with binding_cursor(db) as cursor:
+        cursor.execute("BEGIN")
+        try:
+            for step in steps:
+                cursor.execute(postgresql.STEP, _step_params(step))
+                rows.append(cursor.fetchone())
+            cursor.execute("COMMIT")
+        except BaseException:
+            with contextlib.suppress(Exception):  # the connection may be gone
+                cursor.execute("ROLLBACK")
+            raise
     return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
 
 
@@ -244,10 +306,11 @@ def step_sqlite(
     known_email: int,
 ) -> StepResult:
     """Record a success and claim the next row in one transaction (SQLite)."""
-    return _steps_sqlite([Step(settle, claim_id, worker_id, token, now, known_email)])[0]
+    step = Step(settle, claim_id, worker_id, token, now, known_email)
+    return _steps_sqlite([step], connections[DEFAULT_DB_ALIAS])[0]
 
 
-def _steps_sqlite(steps: Sequence[Step]) -> list[StepResult]:
+def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
     """The steps in one transaction on SQLite.
 
     The same contract as :func:`run_steps`. It runs on the DB-API connection
@@ -256,10 +319,10 @@ def _steps_sqlite(steps: Sequence[Step]) -> list[StepResult]:
     of a delivered email. Errors still surface as Django's DatabaseError, and
     a failed transaction is rolled back whole.
     """
-    connection.ensure_connection()
-    raw = connection.connection
+    db.ensure_connection()
+    raw = db.connection
     found: list[tuple[int, Any]] = []
-    with connection.wrap_database_errors:
+    with db.wrap_database_errors:
         cursor = raw.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         try:
