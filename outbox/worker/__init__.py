@@ -15,10 +15,12 @@ For each message, in this order:
    outcome is in doubt, ``abandoned`` (see ``outcomes.py``).
 
 Step 4 of one message and step 2 of the next are written in one transaction
-(on PostgreSQL, one statement): one commit per email. The outcome of a message
-is still durable before the next one is handed to the backend, so only the
-message in hand is ever in doubt; when no next id is ready, the outcome is
-written on its own before the thread waits.
+(on PostgreSQL, one statement), and the steps of the threads that reach them
+at the same moment share that transaction (``group_commit.py``): at most one
+commit per email. The outcome of a message is still durable before the next
+one is handed to the backend, so only the message in hand is ever in doubt;
+when no next id is ready, the outcome is written on its own before the thread
+waits.
 
 Why this order is safe: the database row, not Redis, decides who may send. A
 crash before step 2 leaves a queued row (the sweeper pushes it back); a crash

@@ -16,9 +16,16 @@ batch: a batch is whatever was waiting when the previous one finished, and a
 thread that finds nobody writing writes at once. Only successes and claims go
 this way; other outcomes take their own transaction (``loop._settle_and_mark``).
 
-The leader, the thread that writes, uses its own database connection. If the
-transaction fails, it failed for every step in it and each thread retries its
-own, with the same tokens, as it would alone.
+The writer, whichever sender thread it is, writes on the worker process's
+one step connection (``Worker._step_connection``): a process holds one
+database session for its steps, not one per thread. If the transaction
+fails, it failed for every step in it; the connection is dropped, and each
+thread retries its own step, with the same tokens, as it would alone.
+
+Measured (the benchmark's no-op run, PostgreSQL at Django's defaults, 2 cores):
+``--processes 2 --concurrency 16`` went from 1,855/s to 3,614/s, about 9
+steps per commit; a batch of 16 costs the server about 75 us per step against
+about 280 us for a step alone.
 """
 
 from __future__ import annotations

@@ -313,7 +313,7 @@ class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin):
         self.reset()
         self.seed("outbox", n)
         worker = Worker(burst=True, concurrency=1)
-        worker._register()
+        worker._register(worker.worker_id)
         backend = get_delivery_connection()
         profile = cProfile.Profile()
         start = time.perf_counter()

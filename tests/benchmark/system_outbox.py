@@ -65,7 +65,7 @@ def delivered() -> int:
 # the targets are judged on the best of them, and name it.
 DOCUMENTED = {
     "postgres": ("outbox_worker --concurrency 16", "outbox_worker --processes 2 --concurrency 16"),
-    "sqlite": ("outbox_worker --concurrency 1",),
+    "sqlite": ("outbox_worker --concurrency 16",),
 }
 
 
