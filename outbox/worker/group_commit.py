@@ -23,7 +23,7 @@ fails, it failed for every step in it; the connection is dropped, and each
 thread retries its own step, with the same tokens, as it would alone.
 
 Measured (the benchmark's no-op run, PostgreSQL at Django's defaults, 2 cores):
-``--processes 2 --concurrency 16`` went from 1,855/s to 3,614/s, about 9
+``--processes 2 --concurrency 16`` went from 1,855/s to 3,380/s, about 9
 steps per commit; a batch of 16 costs the server about 75 us per step against
 about 280 us for a step alone.
 """
