@@ -171,10 +171,8 @@ CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
 
 def _step(fast: bool, settle, claim_id, token, now, known):
     """One step, the fast way or the plain way, as the worker would see it."""
-    if connection.vendor == "postgresql":
-        return sql.step_postgresql(settle, claim_id, "w#new", token, now, known)
-    if fast:
-        return sql.step_sqlite(settle, claim_id, "w#new", token, now, known)
+    if connection.vendor == "postgresql" or fast:
+        return sql.run_steps([sql.Step(settle, claim_id, "w#new", token, now, known)])[0]
     with transaction.atomic():
         settled = sql.mark_sent(settle[0], settle[1], now) if settle is not None else 0
         claimed = sql.claim_row(claim_id, "w#new", token, now) if claim_id else None

@@ -427,7 +427,7 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it(functions, pa
     """
     from django.db import connection
 
-    from outbox.worker.sql import step_postgresql as _step_postgresql
+    from outbox.worker.sql import Step, run_steps
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite has no server-side prepared statements")
@@ -448,11 +448,11 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it(functions, pa
     try:
         raw.prepare_threshold = None  # Django's default: keeps PgBouncer working
         before = prepared()
-        _, claimed = _step_postgresql(None, first.pk, "w", uuid.uuid4(), timezone.now(), 0)
+        ((_, claimed),) = run_steps([Step(None, first.pk, "w", uuid.uuid4(), timezone.now(), 0)])
         assert claimed is not None and claimed.delivery.recipient == "a@example.com"
         assert prepared() == before
         raw.prepare_threshold = 0  # prepare at first use
-        _, claimed = _step_postgresql(None, second.pk, "w", uuid.uuid4(), timezone.now(), 0)
+        ((_, claimed),) = run_steps([Step(None, second.pk, "w", uuid.uuid4(), timezone.now(), 0)])
         assert claimed is not None and claimed.email is not None
         assert claimed.email.subject == "s"
         assert prepared() == before + 1

@@ -14,6 +14,7 @@ import threading
 from collections import OrderedDict
 
 from ..models import Attachment, Email
+from .sql import load_email
 
 # Default budget per worker process.
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -69,3 +70,20 @@ class EmailCache:
             while self.size > self.max_bytes:
                 _pk, (_e, _a, dropped) = self._entries.popitem(last=False)
                 self.size -= dropped
+
+    def content(self, email_id: int) -> tuple[Email, list[Attachment]]:
+        """The email and its attachments: from the cache, or read (and cached)."""
+        cached = self.get(email_id)
+        if cached is not None:
+            return cached
+        return self.remember(*load_email(email_id))
+
+    def remember(self, email: Email, has_attachments: bool) -> tuple[Email, list[Attachment]]:
+        """Cache ``email`` (read with its claim), reading its attachments if it has any."""
+        attachments = (
+            list(Attachment.objects.filter(email_id=email.pk).order_by("pk"))
+            if has_attachments
+            else []
+        )
+        self.put(email, attachments)
+        return email, attachments

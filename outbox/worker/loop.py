@@ -21,6 +21,7 @@ import time
 import uuid
 from collections import deque
 from contextlib import nullcontext
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.core.mail.backends.base import BaseEmailBackend
@@ -30,7 +31,7 @@ from redis.exceptions import RedisError
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError
 from ..message import build_message
-from ..models import Attachment, Attempt, Delivery, Email
+from ..models import Attempt, Delivery
 from ..queue import Claimed, QueueEntry
 from . import sql
 from .backoff import Backoff, drop_db_connection
@@ -237,21 +238,37 @@ class SenderLoop:
         """
         s = self.settlement
         now = self.worker.clock.now()
-        worker_id = self.worker.worker_id
-        vendor = connection.vendor
-        if vendor in ("postgresql", "sqlite") and (s is None or s.outcome == Outcome.SENT):
-            settle = (s.delivery.pk, s.started.token) if s is not None else None
-            known = self.worker.emails.recent()
-            step = sql.Step(settle, item.id, worker_id, token, now, known)
-            changed, claimed = self.worker.group_commit.run(step)
-            if s is not None and not changed:
-                changed = sent_but_not_ours(s, now)
-            return changed, claimed
+        if self._grouped(s):
+            return self._group_step(s, item.id, token, now, self.worker.emails.recent())
         # SQLite: see Worker.sqlite_write_lock.
-        one_writer = self.worker.sqlite_write_lock if vendor == "sqlite" else nullcontext()
+        one_writer = (
+            self.worker.sqlite_write_lock if connection.vendor == "sqlite" else nullcontext()
+        )
         with one_writer, transaction.atomic():
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
-            return changed, sql.claim_row(item.id, worker_id, token, now)
+            return changed, sql.claim_row(item.id, self.worker.worker_id, token, now)
+
+    @staticmethod
+    def _grouped(s: Settlement | None) -> bool:
+        """Nothing or a success to write: a step for the group commit."""
+        return connection.vendor in ("postgresql", "sqlite") and (
+            s is None or s.outcome == Outcome.SENT
+        )
+
+    def _group_step(
+        self,
+        s: Settlement | None,
+        claim_id: int | None,
+        token: uuid.UUID,
+        now: datetime,
+        known: int,
+    ) -> tuple[int, sql.ClaimedRow | None]:
+        settle = (s.delivery.pk, s.started.token) if s is not None else None
+        step = sql.Step(settle, claim_id, self.worker.worker_id, token, now, known)
+        changed, claimed = self.worker.group_commit.run(step)
+        if s is not None and not changed:
+            changed = sent_but_not_ours(s, now)
+        return changed, claimed
 
     def _started(
         self, item: Claimed, token: uuid.UUID, claimed: sql.ClaimedRow | None
@@ -270,7 +287,10 @@ class SenderLoop:
                 pk=item.id, status=Status.PROCESSING, claim_token=token
             ).first()
             if owned is None:
-                self._reschedule_if_early(item)
+                # A queued row not due yet was pushed early: put it in `scheduled`.
+                entry = sql.early_entry(item.id, self.worker.clock.now())
+                if entry is not None:
+                    transaction.on_commit(lambda: self.worker.push_quietly([entry]))
                 self.worker.stats.add("skipped")
                 return None
             # Our earlier UPDATE committed; its reply was lost.
@@ -282,39 +302,11 @@ class SenderLoop:
             return None
         delivery = claimed.delivery
         if claimed.email is not None:
-            email, attachments = self._remember(claimed.email, claimed.has_attachments)
+            email, attachments = self.worker.emails.remember(claimed.email, claimed.has_attachments)
         else:
-            email, attachments = self._email(delivery.email_id)
+            email, attachments = self.worker.emails.content(delivery.email_id)
         generation = self.worker.generation
         return Started(delivery, email, attachments, token, time.monotonic(), generation)
-
-    def _reschedule_if_early(self, item: Claimed) -> None:
-        """A queued row that is not due yet was pushed early: put it in `scheduled`."""
-        now = sql.due_clock(self.worker.clock.now())
-        row = (
-            Delivery.objects.filter(pk=item.id, status=Status.QUEUED, not_before__gt=now)
-            .values_list("priority", "not_before")
-            .first()
-        )
-        if row is not None:
-            priority, not_before = row
-            entry = QueueEntry(item.id, priority, not_before.timestamp())
-            transaction.on_commit(lambda: self.worker.push_quietly([entry]))
-
-    def _email(self, email_id: int) -> tuple[Email, list[Attachment]]:
-        cached = self.worker.emails.get(email_id)
-        if cached is not None:
-            return cached
-        return self._remember(*sql.load_email(email_id))
-
-    def _remember(self, email: Email, has_attachments: bool) -> tuple[Email, list[Attachment]]:
-        attachments = (
-            list(Attachment.objects.filter(email_id=email.pk).order_by("pk"))
-            if has_attachments
-            else []
-        )
-        self.worker.emails.put(email, attachments)
-        return email, attachments
 
     # -- step 3: send -----------------------------------------------------------
 
@@ -365,21 +357,11 @@ class SenderLoop:
 
         def write() -> int:
             now = self.worker.clock.now()
-            if s.outcome == Outcome.SENT and connection.vendor in ("postgresql", "sqlite"):
-                # A success alone goes through the group commit too (a step with
-                # nothing to claim), so that a sender thread needs no database
-                # connection of its own: at the end of a burst run, every thread
-                # writes its last success here at once.
-                step = sql.Step(
-                    (s.delivery.pk, s.started.token),
-                    None,
-                    self.worker.worker_id,
-                    s.started.token,
-                    now,
-                    0,
-                )
-                changed, _claimed = self.worker.group_commit.run(step)
-                return changed or sent_but_not_ours(s, now)
+            if self._grouped(s):
+                # A success alone is a step with nothing to claim, so that a
+                # sender thread needs no database connection of its own (at the
+                # end of a burst run every thread writes its last one here).
+                return self._group_step(s, None, s.started.token, now, 0)[0]
             with transaction.atomic():
                 return write_outcome(s, now, self.worker.push_quietly)
 

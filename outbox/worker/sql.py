@@ -30,6 +30,7 @@ from django.db.models.functions import Now
 from ..conf import outbox_settings
 from ..db import binding_cursor
 from ..models import Delivery, Email
+from ..queue import QueueEntry
 from ..statements import postgresql, sqlite
 
 Status = Delivery.Status
@@ -206,23 +207,6 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
     return _steps_postgresql_plain(steps, db)
 
 
-def step_postgresql(
-    settle: tuple[int, uuid.UUID] | None,
-    claim_id: int | None,
-    worker_id: str,
-    token: uuid.UUID,
-    now: datetime,
-    known_email: int,
-) -> StepResult:
-    """Record a success and claim the next row in one statement (PostgreSQL).
-
-    Returns how many rows the success UPDATE changed and the claimed row (with
-    its email's content unless it is ``known_email``), or None.
-    """
-    step = Step(settle, claim_id, worker_id, token, now, known_email)
-    return _step_postgresql(step, connections[DEFAULT_DB_ALIAS])
-
-
 def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
     statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(db) as cursor:
@@ -297,19 +281,6 @@ def _step_result(step: Step, row: Sequence[Any]) -> StepResult:
     return settled, ClaimedRow(delivery, _email_from(row[1], row[7:14]), bool(row[14]))
 
 
-def step_sqlite(
-    settle: tuple[int, uuid.UUID] | None,
-    claim_id: int | None,
-    worker_id: str,
-    token: uuid.UUID,
-    now: datetime,
-    known_email: int,
-) -> StepResult:
-    """Record a success and claim the next row in one transaction (SQLite)."""
-    step = Step(settle, claim_id, worker_id, token, now, known_email)
-    return _steps_sqlite([step], connections[DEFAULT_DB_ALIAS])[0]
-
-
 def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
     """The steps in one transaction on SQLite.
 
@@ -379,6 +350,16 @@ def load_email(email_id: int) -> tuple[Email, bool]:
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")
     return _email_from(email_id, row[:7]), bool(row[7])
+
+
+def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:
+    """The queue entry of a row that is queued but not yet due, else None."""
+    row = (
+        Delivery.objects.filter(pk=pk, status=Status.QUEUED, not_before__gt=due_clock(redis_now))
+        .values_list("priority", "not_before")
+        .first()
+    )
+    return QueueEntry(pk, row[0], row[1].timestamp()) if row is not None else None
 
 
 def _json(value: Any) -> Any:

@@ -197,7 +197,7 @@ def counts_section(db: str, counts: Any) -> list[str]:
         md.append("")
         md.append(
             "On SQLite the worker's step runs on the DB-API connection (one BEGIN IMMEDIATE "
-            "... COMMIT per email, see outbox/worker/sql.py `step_sqlite`), outside Django's "
+            "... COMMIT per email, see outbox/worker/sql.py `_steps_sqlite`), outside Django's "
             "execute wrappers and `_commit`: the SQL counts below miss it. The wall time and "
             "the Redis counts are complete."
         )
