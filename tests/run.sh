@@ -146,6 +146,10 @@ for cell in "${cells[@]}"; do
 done
 
 if [ ${#failed[@]} -gt 0 ]; then
+  # Repeated last, so that the end of a long CI log says which tests failed.
+  for cell in "${failed[@]}"; do
+    grep -E '^(FAILED|ERROR) ' "${CELL_DIR[$cell]}/log" | sed "s/^/[$cell] /" || true
+  done
   echo "FAILED cells: ${failed[*]}" >&2
   exit 1
 fi
