@@ -40,35 +40,38 @@ def insert_postgresql(
     list is matched on) pair with ``p.recipients``. ``email`` becomes the saved
     row (its ``pk`` set) and is cached on every delivery returned.
     """
-    connection = connections[using]
-    functions = outbox_settings.POSTGRESQL_FUNCTIONS
-    statement = postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE
-    with binding_cursor(connection) as cursor:
-        cursor.execute(
-            statement,
-            {
-                "subject": p.subject,
-                "body": p.body,
-                "html": p.html_message,
-                "from": p.from_email,
-                "reply_to": json.dumps(p.reply_to),
-                "headers": json.dumps(p.headers),
-                "now": now,
-                "queued": Delivery.Status.QUEUED,
-                "cancelled": Delivery.Status.CANCELLED,
-                "expires_at": p.expires_at,
-                "bare": list(bare),
-                "priority": p.priority,
-                "max_attempts": p.max_attempts,
-                "not_before": not_before,
-                "recipients": p.recipients,
-                "message_ids": list(message_ids),
-                "mailer": p.mailer,
-            },
-        )
-        returned = cursor.fetchall()
-    email_id = returned[0][1]
-    email.pk = email_id
+    params = {
+        "subject": p.subject,
+        "body": p.body,
+        "html": p.html_message,
+        "from": p.from_email,
+        "reply_to": json.dumps(p.reply_to) if p.reply_to else "[]",
+        "headers": json.dumps(p.headers) if p.headers else "{}",
+        "now": now,
+        "expires_at": p.expires_at,
+        "priority": p.priority,
+        "max_attempts": p.max_attempts,
+        "not_before": not_before,
+        "mailer": p.mailer,
+    }
+    with binding_cursor(connections[using]) as cursor:
+        if outbox_settings.POSTGRESQL_FUNCTIONS and len(p.recipients) == 1:
+            params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
+            cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
+            pk, email_id, reason = cursor.fetchone()
+            returned = [(pk, email_id, message_ids[0], reason)]
+        else:
+            params.update(
+                recipients=p.recipients,
+                message_ids=list(message_ids),
+                bare=list(bare),
+                queued=Delivery.Status.QUEUED,
+                cancelled=Delivery.Status.CANCELLED,
+            )
+            functions = outbox_settings.POSTGRESQL_FUNCTIONS
+            cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
+            returned = cursor.fetchall()
+    email.pk = returned[0][1]
     email._state.adding = False
     email._state.db = using
     ids = {message_id: pk for pk, _email, message_id, _why in returned}

@@ -8,6 +8,7 @@ sent.
 from __future__ import annotations
 
 import uuid
+from functools import lru_cache
 
 from .conf import outbox_settings
 
@@ -25,7 +26,13 @@ def make_message_id(domain: str) -> str:
 
 def message_id_domain(from_email: str) -> str:
     """The domain of the Message-IDs of mail from ``from_email`` (IDNA, or localhost)."""
-    domain = outbox_settings.MESSAGE_ID_DOMAIN or from_email.rpartition("@")[2].rstrip(">")
+    return _ascii(outbox_settings.MESSAGE_ID_DOMAIN or from_email.rpartition("@")[2].rstrip(">"))
+
+
+@lru_cache(maxsize=256)
+def _ascii(domain: str) -> str:
+    # Cached: a site sends from a handful of domains, and the IDNA codec is
+    # slow enough to show in every enqueue call.
     try:
         return domain.encode("idna").decode("ascii") or "localhost"
     except UnicodeError:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.message import Message as MIMEMessage
+from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
@@ -87,7 +88,10 @@ def prepare(
     _check_texts(subject, message, html_message)
     if from_email is None:
         from_email = settings.DEFAULT_FROM_EMAIL
-    sender, _bare = normalize_address("from_email", from_email)
+    if type(from_email) is str:
+        sender = _valid_sender(from_email)
+    else:  # perhaps not even hashable: checked, and rejected, uncached
+        sender = normalize_address("from_email", from_email)[0]
     recipients = _check_recipients(recipient_list)
     reply = [] if reply_to is None else normalize_address_list("reply_to", reply_to)
     extra_headers = normalize_headers(headers)
@@ -116,6 +120,13 @@ def prepare(
         expires_at=expires_at,
         mailer=mailer,
     )
+
+
+@lru_cache(maxsize=64)
+def _valid_sender(from_email: str) -> str:
+    # Cached (valid senders only: an exception is not cached): a site sends
+    # from a few addresses, and checking one is a good part of a call's work.
+    return normalize_address("from_email", from_email)[0]
 
 
 def _check_texts(subject: Any, message: Any, html_message: Any) -> None:

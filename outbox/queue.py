@@ -56,11 +56,13 @@ from typing import Any, NamedTuple, cast
 from redis import Redis
 
 from .conf import PRIORITIES, outbox_settings
+from .direct import direct_connections
 from .redis_cluster import is_cluster, slot_target
 from .scripts import shared_script
 
 PRIORITY_INDEX: dict[str, int] = {name: i + 1 for i, name in enumerate(PRIORITIES)}
 PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
+PUSH = shared_script("push")
 
 # How many scheduled ids one claim may promote; bounds the script's run time.
 PROMOTE_LIMIT = 200
@@ -118,6 +120,7 @@ class RedisQueue:
     def __init__(self, connection: Redis | None = None, prefix: str | None = None) -> None:
         self.redis: Redis = connection if connection is not None else get_connection()
         self.prefix = prefix or outbox_settings.KEY_PREFIX
+        self._direct = direct_connections(self.redis)
         tag = "{" + self.prefix + "}"
         self.queued_key = f"{tag}:queued"
         self.scheduled_key = f"{tag}:scheduled"
@@ -184,13 +187,17 @@ class RedisQueue:
         given due time. Without ``force`` an id already in the dedup set is
         not pushed again. ``force`` is for ids known to wait nowhere (out of a
         processing list, or found missing by a full check). Large batches go
-        in chunks, one pipeline.
+        in chunks, one pipeline; one chunk goes by :mod:`outbox.direct`.
         """
         if not entries:
             return 0
-        script = self._script("push")
         keys = self._keys()
         flag = 1 if force else 0
+        if len(entries) <= PUSH_CHUNK and self._direct is not None:
+            pushed = self._direct.evalsha(PUSH, keys, [flag, *_entry_args(entries)])
+            if pushed is not None:
+                return int(pushed)
+        script = self._script("push")
         if len(entries) <= PUSH_CHUNK or is_cluster(self.redis):
             # A cluster pipeline cannot reload a script its node forgot (after
             # a failover): there, one call per chunk.

@@ -17,6 +17,7 @@ write the same rows, suppression list and all.
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -296,8 +297,21 @@ def test_the_fast_step_settles_and_claims_in_one_go(settings):
 
 # -- enqueue_email's insert (PostgreSQL): the function and the plain statement ----------
 
+# Calls with one recipient run outbox_enqueue_one(), the others outbox_enqueue().
 ENQUEUE_CASES = {
     "one recipient": dict(recipient_list=["a@example.com"]),
+    "one suppressed recipient": dict(recipient_list=["Blocked@Example.com"]),
+    "one recipient, scheduled, expiring, low priority, reply-to, headers, a mailer": dict(
+        recipient_list=["a@example.com"],
+        send_at=BEFORE + timedelta(days=2),
+        expires_at=BEFORE + timedelta(days=3),
+        priority="low",
+        max_attempts=2,
+        reply_to=["r@example.com"],
+        headers={"X-Tag": "t"},
+        html_message="<p>b</p>",
+        mailer="bulk",
+    ),
     "several, one suppressed with a reason, one without": dict(
         recipient_list=["a@example.com", "Blocked@Example.com", "quiet@example.com", "c@x.org"]
     ),
@@ -329,6 +343,15 @@ DELIVERY_COLUMNS = (
 EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers", "mailer")
 
 
+def _function_calls() -> Counter[str]:
+    """Calls of each PL/pgSQL function by this session, as far as its statistics know."""
+    with connection.cursor() as cursor:
+        # Not yet reported calls of earlier transactions show here too: only
+        # a difference says what one call ran.
+        cursor.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions")
+        return Counter(dict(cursor.fetchall()))
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("kwargs", ENQUEUE_CASES.values(), ids=ENQUEUE_CASES.keys())
 def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
@@ -346,7 +369,15 @@ def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
     results = []
     for functions in (True, False):
         settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
-        created = enqueue_email("s", "b", "from@example.com", **kwargs)
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET LOCAL track_functions = 'pl'")
+            before = _function_calls()
+            created = enqueue_email("s", "b", "from@example.com", **kwargs)
+            called = _function_calls() - before
+        one = len(kwargs["recipient_list"]) == 1
+        expected = {("outbox_enqueue_one" if one else "outbox_enqueue"): 1} if functions else {}
+        assert dict(called) == expected
         returned = [(d.recipient, d.status, d.last_error) for d in created]
         rows = list(
             Delivery.objects.filter(pk__in=[d.pk for d in created])

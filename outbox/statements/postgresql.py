@@ -5,14 +5,16 @@ What is here, in the order an email meets it:
 - ``ENQUEUE`` / ``ENQUEUE_CALL``: ``enqueue_email``'s common case (no
   idempotency key, no attachments): the email and one delivery per recipient
   in one statement, the suppression list looked up inside it;
+  ``ENQUEUE_ONE_CALL`` the same for one recipient;
 - ``ENQUEUE_MANY``: one chunk of ``enqueue_many``, one statement;
 - ``STEP`` / ``STEP_CALL``: the worker's step, the success of the message in
   hand (step 4) and the claim of the next one (step 2) with its content;
   ``STEPS_CALL``: several threads' steps in one statement (one commit);
 - ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
   path (any outcome other than a success);
-- the PL/pgSQL functions behind the ``..._CALL`` statements, which migration
-  0005 creates (``STEP_FUNCTION_V1``, ``ENQUEUE_FUNCTION_V1``).
+- the PL/pgSQL functions behind the ``..._CALL`` statements, which migrations
+  0005 and 0008 create (``STEP_FUNCTION_V1``, ``ENQUEUE_FUNCTION_V1``,
+  ``ENQUEUE_ONE_FUNCTION_V1``).
 
 The code that runs them is in ``outbox/worker/sql.py`` and
 ``outbox/enqueue_sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
@@ -96,6 +98,17 @@ SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_
     %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
     %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
     %(bare)s::text[], %(mailer)s)
+"""
+
+# The common case of all, one recipient, through ENQUEUE_ONE_FUNCTION_V1: the
+# same parameters as one scalar each instead of arrays, one row returned
+# (delivery id, email id, why it is suppressed or ""). Arrays and a
+# set-returning function cost both ends of the connection more than the rows.
+ENQUEUE_ONE_CALL = """
+SELECT * FROM outbox_enqueue_one(%(subject)s, %(body)s, %(html)s, %(from)s,
+    %(reply_to)s::jsonb, %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
+    %(not_before)s, %(expires_at)s::timestamptz, %(recipient)s, %(message_id)s, %(bare)s,
+    %(mailer)s)
 """
 
 # One chunk of enqueue_many: the email ids are drawn from the table's sequence
@@ -295,6 +308,50 @@ $$
 DROP_ENQUEUE = (
     "DROP FUNCTION IF EXISTS outbox_enqueue(text, text, text, varchar, jsonb, jsonb, "
     "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[], varchar)"
+)
+
+
+# ENQUEUE_FUNCTION_V1 for one recipient, row for row (the suppression text too):
+# ``tests/test_fast_paths.py`` compares both with the plain ENQUEUE.
+ENQUEUE_ONE_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue_one(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipient text, p_message_id text, p_bare text, p_mailer varchar,
+    OUT delivery_id bigint, OUT new_email_id bigint, OUT why text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
+    RETURNING e.id INTO new_email_id;
+    why := '';
+    SELECT x.address, x.source, x.reason INTO s
+    FROM outbox_suppression x WHERE x.address = p_bare;
+    IF FOUND THEN
+        why := left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000);
+    END IF;
+    INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
+        max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+        updated_at)
+    VALUES (new_email_id, p_recipient,
+        CASE WHEN why = '' THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', p_message_id, why,
+        p_now, p_now)
+    RETURNING d.id INTO delivery_id;
+END
+$$
+"""
+
+DROP_ENQUEUE_ONE = (
+    "DROP FUNCTION IF EXISTS outbox_enqueue_one(text, text, text, varchar, jsonb, jsonb, "
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text, text, text, varchar)"
 )
 
 

@@ -2,7 +2,8 @@
 
 ``Instruments`` counts SQL statements (an execute_wrapper on every connection),
 commits (wrapping the backend's ``_commit``, plus autocommit statements), Redis
-round trips (wrapping redis-py's ``execute_command`` and ``Pipeline.execute``)
+round trips (wrapping redis-py's ``execute_command`` and ``Pipeline.execute``,
+and ``outbox.direct``'s ``evalsha``, which sends without them)
 and the servers' own counters (pg_stat_database, pg_stat_wal, INFO stats).
 ``profile_table`` renders a cProfile run as a short table.
 """
@@ -24,7 +25,7 @@ from typing import Any
 from tests.benchmark.common import ROOT
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
-_OUTBOX_FUNCTION = re.compile(r"\boutbox_(step|enqueue)\(")
+_OUTBOX_FUNCTION = re.compile(r"\boutbox_(step|enqueue|enqueue_one)\(")
 
 
 def profile_table(
@@ -107,12 +108,26 @@ class Instruments:
             with self.lock:
                 self.connects += 1
 
+        from outbox.direct import DirectConnections
+
         orig_commit = BaseDatabaseWrapper._commit
         orig_exec = redis.Redis.execute_command
         orig_pipe = redis.client.Pipeline.execute
+        orig_direct = DirectConnections.evalsha
         counted_commit, counted_exec, counted_pipe = self.counting(
             orig_commit, orig_exec, orig_pipe
         )
+
+        def counted_direct(direct: Any, *args: Any) -> Any:
+            if not self.on:
+                return orig_direct(direct, *args)
+            start = time.perf_counter()
+            try:
+                return orig_direct(direct, *args)
+            finally:
+                with self.lock:
+                    self.redis_time += time.perf_counter() - start
+                    self.redis_calls["EVALSHA"] += 1
 
         connection.close()
         self.pg_before = self.pg_stats()
@@ -122,6 +137,7 @@ class Instruments:
         BaseDatabaseWrapper._commit = counted_commit  # type: ignore[method-assign]
         redis.Redis.execute_command = counted_exec  # type: ignore[method-assign]
         redis.client.Pipeline.execute = counted_pipe  # type: ignore[method-assign]
+        DirectConnections.evalsha = counted_direct  # type: ignore[method-assign]
         self.on = True
         try:
             yield
@@ -130,6 +146,7 @@ class Instruments:
             BaseDatabaseWrapper._commit = orig_commit  # type: ignore[method-assign]
             redis.Redis.execute_command = orig_exec  # type: ignore[method-assign]
             redis.client.Pipeline.execute = orig_pipe  # type: ignore[method-assign]
+            DirectConnections.evalsha = orig_direct  # type: ignore[method-assign]
             connection_created.disconnect(created)
             connection.close()
             time.sleep(1.2)  # let the server flush its statistics
