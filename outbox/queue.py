@@ -41,6 +41,7 @@ The rules every script keeps:
 - An id that comes out of a processing list (released, reaped, retried) is
   pushed *forced*: the set is not consulted, because it says nothing about it.
 - A push always replaces a scheduled entry of the id with the row's due time.
+  An id new to the set is placed at once (see ``push`` in ``lua/_common.lua``).
 - All times are Redis ``TIME`` (see ``lua/_common.lua``).
 
 Duplicate ids are harmless: a worker acts on an id only through a conditional

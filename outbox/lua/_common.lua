@@ -54,7 +54,16 @@ end
 -- pushed twice, unless `force`: the caller knows the id is in no ready list
 -- (it came out of a processing list, or a full check found it missing) and
 -- the set must not be trusted.
+-- An id new to the set is placed without looking at `scheduled`: every script
+-- that schedules an id adds it to the set first, and only a claim (from a
+-- ready list) or forget_stale (of an id waiting nowhere) takes one out. The
+-- one gap: a duplicate claimed from a ready list while its twin waits in
+-- `scheduled`. That twin stays, an early duplicate; the worker that claims
+-- it finds the row not due and schedules it again at the row's time.
 local function push(id, prio, due, now, force)
+  if not force and redis.call('SADD', KEYS[1], id) == 1 then
+    return 1, place(id, prio, due, now)
+  end
   local moved = false
   for p = 1, 3 do
     local member = id .. ':' .. p
@@ -87,13 +96,21 @@ end
 -- Returns how many ids were new to the set.
 local function push_args(first, now, force)
   local added, readied = 0, 0
-  local earliest = earliest_scheduled()
+  -- Only an id placed in `scheduled` can make the earliest scheduled time
+  -- earlier: without one, neither look at `scheduled` is needed.
+  local earliest = nil
+  for i = first + 2, #ARGV, 3 do
+    if tonumber(ARGV[i]) > now then
+      earliest = earliest_scheduled()
+      break
+    end
+  end
   for i = first, #ARGV, 3 do
     local a, r = push(ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2]), now, force)
     added = added + a
     readied = readied + r
   end
-  if readied == 0 and earliest_scheduled() < earliest then
+  if readied == 0 and earliest and earliest_scheduled() < earliest then
     readied = 1
   end
   wake(readied)
