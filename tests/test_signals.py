@@ -99,6 +99,33 @@ def test_email_enqueued_by_the_backend(received, settings):
     assert sorted(d.recipient for d in call["deliveries"]) == ["a@example.com", "b@example.com"]
 
 
+@pytest.mark.parametrize("recipients", [["a@example.com"], ["a@example.com", "b@example.com"]])
+def test_model_init_signals_reach_the_instances_enqueue_returns(recipients):
+    """The fast instances of the enqueue path still honour pre_init/post_init receivers."""
+    from django.db.models.signals import post_init
+
+    seen: list[Delivery] = []
+
+    def receiver(sender: Any, instance: Delivery, **kwargs: Any) -> None:
+        seen.append(instance)
+
+    post_init.connect(receiver, sender=Delivery, weak=False)
+    try:
+        deliveries = enqueue_email("s", "b", None, recipients)
+    finally:
+        post_init.disconnect(receiver, sender=Delivery)
+    assert {id(d) for d in deliveries} <= {id(d) for d in seen}
+    assert [d.recipient for d in deliveries] == recipients
+    assert all(not d._state.adding and d.pk for d in deliveries)
+    # Built without __init__ when nobody listens: the same values all the same.
+    again = enqueue_email("s", "b", None, recipients)
+    fields = ["recipient", "status", "priority", "attempts", "max_attempts", "last_error"]
+    for d in again:
+        row = Delivery.objects.get(pk=d.pk)
+        assert [getattr(d, f) for f in fields] == [getattr(row, f) for f in fields]
+        assert d.email.subject == "s" and not d._state.adding
+
+
 # -- delivery_sent / delivery_failed from the worker ------------------------------------
 
 

@@ -19,26 +19,19 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from types import ModuleType
-from typing import Any, NamedTuple, TypeVar
+from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
-from django.db.models import Model
-from django.db.models.base import ModelState
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
-from ..db import binding_cursor
+from ..db import binding_cursor, loaded_instance
 from ..models import Delivery, Email
 from ..queue import QueueEntry
 from ..statements import postgresql, sqlite
 
 Status = Delivery.Status
-
-_M = TypeVar("_M", bound=Model)
-_CONCRETE: dict[type[Model], frozenset[str]] = {
-    model: frozenset(f.attname for f in model._meta.concrete_fields) for model in (Delivery, Email)
-}
 
 
 class ClaimedRow(NamedTuple):
@@ -85,24 +78,6 @@ def _params(
     }
 
 
-def _instance(model: type[_M], values: dict[str, Any]) -> _M:
-    """A model instance as the database would have loaded it, without Model.__init__.
-
-    ``__init__`` walks every field with its default and sends two signals:
-    the largest piece of the worker's own CPU per email. ``values`` must name
-    every concrete field, so that no attribute is left deferred (and read
-    back from the database on first use).
-    """
-    assert values.keys() >= _CONCRETE[model], f"{model.__name__}: a field is missing"
-    obj = model.__new__(model)
-    state = ModelState()
-    state.adding = False
-    state.db = DEFAULT_DB_ALIAS
-    obj._state = state
-    obj.__dict__.update(values)
-    return obj
-
-
 def _delivery(
     pk: int, worker_id: str, token: uuid.UUID, now: datetime, row: Sequence[Any]
 ) -> Delivery:
@@ -112,7 +87,7 @@ def _delivery(
     would set them, except ``not_before``: the row was due at ``now``.
     """
     email_id, recipient, priority, attempts, max_attempts, message_id = row
-    return _instance(
+    return loaded_instance(
         Delivery,
         {
             "id": pk,
@@ -140,7 +115,7 @@ def _delivery(
 def _email_from(pk: int, row: Sequence[Any]) -> Email:
     """The email as the worker needs it, from the content columns the statements return."""
     subject, body, html_message, from_email, reply_to, headers, mailer = row
-    return _instance(
+    return loaded_instance(
         Email,
         {
             "id": pk,
