@@ -74,6 +74,12 @@ def is_worker(pid: int) -> bool:
     return state != "Z" and b"outbox_worker" in cmdline
 
 
+def pipes(pid: int) -> set[str]:
+    """The pipes ``pid`` holds open beyond stdin, stdout and stderr ("pipe:[inode]")."""
+    links = (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if int(fd.name) > 2)
+    return {link for link in links if link.startswith("pipe:")}
+
+
 def live_pids() -> set[int]:
     """The pids in the names of the incarnations registered in Redis."""
     return {int(name.split("#")[0].rsplit(":", 1)[1]) for name in RedisQueue().live_workers()}
@@ -145,6 +151,11 @@ def test_sigterm_stops_every_child_and_the_supervisor_exits_zero(supervisor):
     # The supervisor holds no database or Redis connection: no socket, no SQLite file.
     fds = [os.readlink(f) for f in Path(f"/proc/{run.proc.pid}/fd").iterdir()]
     assert not [fd for fd in fds if fd.startswith("socket:") or ".sqlite3" in fd], fds
+    # Its wake-up pipe stays its own: a forked child closes it first thing.
+    wake = pipes(run.proc.pid)
+    assert len(wake) == 1, fds
+    for pid in children:
+        assert not pipes(pid) & wake, (pid, wake)
 
     run.proc.send_signal(signal.SIGTERM)
     assert run.proc.wait(timeout=15) == 0, run.output()

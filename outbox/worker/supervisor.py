@@ -103,11 +103,11 @@ def describe_exit(returncode: int) -> str:
 class ForkedProcess:
     """A forked child, with the part of ``subprocess.Popen``'s interface the supervisor uses."""
 
-    def __init__(self, target: Callable[[], int]) -> None:
+    def __init__(self, target: Callable[[], int], close_in_child: tuple[int, ...] = ()) -> None:
         self.returncode: int | None = None
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            _run_forked(target)
+            _run_forked(target, close_in_child)
         self.pid = pid
 
     def poll(self) -> int | None:
@@ -132,10 +132,12 @@ class ForkedProcess:
         self.send_signal(signal.SIGKILL)
 
 
-def _run_forked(target: Callable[[], int]) -> NoReturn:
+def _run_forked(target: Callable[[], int], close_in_child: tuple[int, ...]) -> NoReturn:
     """The body of a forked child: run ``target`` and exit with its status."""
     code = 1
     try:
+        for fd in close_in_child:  # the supervisor's, not the worker's
+            os.close(fd)
         # The supervisor's handlers only set its flags; the worker installs its own.
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -275,7 +277,7 @@ class Supervisor:
             if child.start is not None:
                 sys.stdout.flush()
                 sys.stderr.flush()
-                child.proc = ForkedProcess(child.start)
+                child.proc = ForkedProcess(child.start, (self._wake_r, self._wake_w))
             else:
                 child.proc = subprocess.Popen(child.argv, stdin=subprocess.DEVNULL)
         except OSError as exc:
