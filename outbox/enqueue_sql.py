@@ -88,8 +88,7 @@ def _delivery_defaults() -> dict[str, Any]:
     the caller, so the defaults are computed once, not once per call.
     """
     fields = Delivery._meta.concrete_fields
-    defaults = {f.attname: None if callable(f.default) else f.get_default() for f in fields}
-    return defaults
+    return {f.attname: None if callable(f.default) else f.get_default() for f in fields}
 
 
 def _deliveries(

@@ -61,8 +61,13 @@ end
 -- `scheduled`. That twin stays, an early duplicate; the worker that claims
 -- it finds the row not due and schedules it again at the row's time.
 local function push(id, prio, due, now, force)
-  if not force and redis.call('SADD', KEYS[1], id) == 1 then
-    return 1, place(id, prio, due, now)
+  -- Without `force` the set is asked once: past this point the id was in it.
+  local added = 0
+  if not force then
+    added = redis.call('SADD', KEYS[1], id)
+    if added == 1 then
+      return 1, place(id, prio, due, now)
+    end
   end
   local moved = false
   for p = 1, 3 do
@@ -76,8 +81,10 @@ local function push(id, prio, due, now, force)
       moved = true
     end
   end
-  local added = redis.call('SADD', KEYS[1], id)
-  if added == 1 or force or moved then
+  if force then
+    added = redis.call('SADD', KEYS[1], id)
+  end
+  if force or moved then
     return added, place(id, prio, due, now)
   end
   return 0, 0
