@@ -7,7 +7,8 @@ sent.
 
 from __future__ import annotations
 
-import uuid
+import os
+import time
 from functools import lru_cache
 
 from .conf import outbox_settings
@@ -18,10 +19,28 @@ MAX_MESSAGE_ID_DOMAIN = 60
 
 
 def make_message_id(domain: str) -> str:
-    """A globally unique Message-ID for one recipient's copy (fits its column)."""
+    """A globally unique Message-ID for one recipient's copy (fits its column).
+
+    The 32 hex digits are the host's time in milliseconds (12 digits) and then
+    80 random bits (20 digits). Uniqueness comes from the random part alone:
+    two ids made in the same millisecond collide with odds of 2**-80, and the
+    column's unique index would refuse the second row rather than let two
+    copies share an id.
+
+    Why the time first: the unique index on ``Delivery.message_id`` takes one
+    entry per recipient. Entries that arrive in order all go to its last page,
+    which PostgreSQL keeps at hand and fills before it splits; random ones
+    (a UUID4) land on any page, so each insert walks the tree, pages split
+    half full, and on a table of millions of rows every insert reads a page
+    nobody else wanted and, after each checkpoint, writes a full-page image
+    of it to the WAL. The host's clock only orders the ids; nothing decides
+    anything by it (see ``outbox/clock.py``), so a host whose clock is off
+    merely inserts elsewhere in the index. The time it shows is the enqueue
+    time, which the message's Date header tells the recipient anyway.
+    """
     if len(domain) > MAX_MESSAGE_ID_DOMAIN:
         domain = "localhost"  # a valid but absurdly long sender domain
-    return f"<{uuid.uuid4().hex}@{domain}>"
+    return f"<{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}@{domain}>"
 
 
 def message_id_domain(from_email: str) -> str:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import threading
+import time
 from datetime import datetime, timedelta
 
 import pytest
@@ -11,6 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import enqueue_email
+from outbox.message_id import make_message_id
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
 
@@ -47,6 +50,22 @@ def test_one_delivery_per_recipient_with_its_own_message_id(queue):
     assert all(d.status == Delivery.Status.QUEUED and d.attempts == 0 for d in deliveries)
     assert all(d.max_attempts == 5 for d in deliveries)
     assert sorted(ready_ids(queue)) == sorted(d.pk for d in deliveries)
+
+
+def test_message_ids_are_unique_and_come_in_time_order():
+    # In order, a delivery's unique index entry goes to the index's last page
+    # (see make_message_id); unique, whatever the clock does.
+    before = time.time_ns() // 1_000_000
+    ids = [make_message_id("example.com") for _ in range(5000)]
+    after = time.time_ns() // 1_000_000
+    assert len(set(ids)) == len(ids)
+    assert all(re.fullmatch(r"<[0-9a-f]{32}@example\.com>", m) for m in ids)
+    stamps = [int(m[1:13], 16) for m in ids]
+    assert stamps == sorted(stamps)
+    assert before <= stamps[0] and stamps[-1] <= after
+    # The 80 random bits differ within one millisecond, too.
+    same_ms = [m for m, s in zip(ids, stamps, strict=True) if s == stamps[0]]
+    assert len({m[13:33] for m in same_ms}) == len(same_ms)
 
 
 def test_duplicate_recipients_are_one_recipient():
