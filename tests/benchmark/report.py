@@ -136,7 +136,7 @@ def build_report(
     md: list[str] = ["# Email outbox benchmark", ""]
     md.append(
         "Produced by `tests/benchmark/run.sh` (tests/benchmark/run.py). Rates are emails per second, median of "
-        f"{params['repeat']} run(s); `x ours` is each row's rate divided by our best configuration "
+        f"{params['repeat']} run(s), each repetition starting with the next system; `x ours` is each row's rate divided by our best configuration "
         "in the same scenario and database (for enqueue: by `enqueue_email`; for scale: by the "
         "first history size). Delivery times are wall-clock from spawning the management command "
         "to its exit, identical for all three systems, so each includes one Python + Django "
