@@ -249,8 +249,10 @@ class Attempt(models.Model):
         AMBIGUOUS = "ambiguous", _("in doubt")
         REQUEUED = "requeued", _("requeued")
         RELEASED = "released", _("released unsent")
-        MARKED_SENT = "marked_sent", _("marked sent by operator")
-        MARKED_FAILED = "marked_failed", _("marked failed by operator")
+        # Settled by hand or by a reconciler (outbox.reconcile): the
+        # attempt's actor says which ("admin:<user>", "reconciler:<path>").
+        MARKED_SENT = "marked_sent", _("marked sent")
+        MARKED_FAILED = "marked_failed", _("marked failed")
         CANCELLED = "cancelled", _("cancelled")
         # Reported later by an ESP (django-anymail's tracking, outbox.esp_events).
         BOUNCED = "bounced", _("bounced (reported by the ESP)")

@@ -272,5 +272,7 @@ def test_worker_sigkilled_mid_send_then_the_postfix_log_settles_it(
     assert row.status == Status.SENT
     outcome, actor, evidence = log_of(row)[-1]
     assert (outcome, actor) == ("marked_sent", "reconciler:outbox.reconcilers.PostfixLogReconciler")
+    # The admin shows the outcome next to its actor: it must not claim an operator.
+    assert Attempt(outcome=outcome).get_outcome_display() == "marked sent"
     assert "status=sent" in evidence and "4Bx0Yz1abcz" in evidence
     assert smtp_server.by_message_id() == {row.message_id: 1}  # settled, never sent again
