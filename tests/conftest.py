@@ -2,21 +2,70 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 import threading
+import time
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.core import mail
+from django.db import connections
 
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env
 
 ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[None]:
+    """pytest-django's test databases; before they are dropped, no one else is on them.
+
+    PostgreSQL refuses to drop a database another session is connected to, and
+    pytest-django then only warns, without a name. A thread that used the ORM
+    and ended leaves its connection to the garbage collector (a Django
+    connection is a reference cycle), so collect first. A session still there
+    after that belongs to something a test left running: wait a little for a
+    process on its way out, then warn, naming what each session last ran.
+    """
+    yield
+    gc.collect()
+    with django_db_blocker.unblock():
+        deadline = time.monotonic() + 10
+        others = _other_sessions()
+        while others and time.monotonic() < deadline:
+            time.sleep(0.1)
+            others = _other_sessions()
+        for connection in connections.all():
+            connection.close()
+    if others:
+        warnings.warn(
+            pytest.PytestWarning(f"sessions still on the test database: {others}"), stacklevel=1
+        )
+
+
+def _other_sessions() -> list[tuple[Any, ...]]:
+    """(pid, application, state, when, last query) of each other session on a PostgreSQL test database."""
+    found: list[tuple[Any, ...]] = []
+    for connection in connections.all():
+        if connection.vendor != "postgresql":
+            continue
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pid, application_name, state, query_start,"
+                " CASE WHEN length(query) <= 240 THEN query"
+                " ELSE left(query, 120) || ' ... ' || right(query, 120) END"
+                " FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            found += cursor.fetchall()
+    return found
 
 
 @pytest.fixture(autouse=True)
