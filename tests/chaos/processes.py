@@ -74,6 +74,24 @@ def last_line(path: Path) -> str:
     return lines[-1][:300] if lines else ""
 
 
+def last_traceback(path: Path, limit: int = 40) -> str:
+    """The log's last traceback (at most ``limit`` lines), or "" if it has none.
+
+    The logs live in the run's temporary directory, which a test run removes:
+    an unexpected exit must carry its own cause into the report.
+    """
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except FileNotFoundError:
+        return ""
+    starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
+    if not starts:
+        return ""
+    # The log line that announced it (logger.exception) comes just before.
+    tail = lines[max(0, starts[-1] - 1) :]
+    return "\n".join(tail[:limit])
+
+
 class ProcessesMixin:
     """The part of ``Child`` that runs processes (see child.py for the attributes)."""
 
@@ -147,6 +165,9 @@ class ProcessesMixin:
                 f"{proc.name} (pid {proc.pid}) exited on its own with status "
                 f"{proc.proc.returncode}; log {proc.log}: {last_line(proc.log)}"
             )
+            trace = last_traceback(proc.log)
+            if trace:
+                text += f"\n{trace}"
             self.unexpected_exits.append(text)
             self.say("UNEXPECTED: " + text)
             if proc.role == "worker":
