@@ -20,15 +20,18 @@ import subprocess
 import sys
 import threading
 import time
+import uuid
+from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.mail.backends import locmem
+from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import enqueue_email
+from outbox import control, enqueue_email
 from outbox.models import Attachment, Delivery, Email
 from outbox.operations import transition
 from outbox.queue import RedisQueue
@@ -314,6 +317,71 @@ def test_the_last_outcome_and_the_pending_ids_are_written_when_the_loop_dies(que
     assert back == {pk for pk, s in statuses.items() if s == Status.QUEUED}
     assert queue.redis.exists(queue.processing_key(worker.worker_id)) == 0
     assert {r.pk for r in rows} == set(statuses)
+
+
+def cut_own_connection_once() -> tuple[list[int], Callable[[int, float], None]]:
+    """A worker ``progress`` hook: the first time, the server cuts the calling thread's connection."""
+    cuts: list[int] = []
+
+    def progress(delivered: int, at: float) -> None:
+        # In the sender thread, once the first message was handed over.
+        if cuts:
+            return
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_backend_pid()")
+            (pid,) = cursor.fetchone()
+        admin = connections.create_connection(DEFAULT_DB_ALIAS)
+        try:
+            with admin.cursor() as cursor:
+                cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        finally:
+            admin.close()
+        cuts.append(pid)
+
+    return cuts, progress
+
+
+def test_a_cut_thread_connection_after_the_step_is_a_retry_not_a_crash(queue, outbox_mail):
+    """The step runs on the worker's step connection; what it claimed is read on the thread's.
+
+    A stale id (its row processing under another claim) makes the sender
+    thread read the row on its own connection, which the server cut after the
+    first message. Found by the chaos run: the thread crashed and the worker
+    exited 1.
+    """
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_terminate_backend cuts a PostgreSQL connection")
+    sent, stale = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
+    Delivery.objects.filter(pk=stale.pk).update(
+        status=Status.PROCESSING,
+        claim_token=uuid.uuid4(),
+        worker_id="other#1",
+        processing_started_at=timezone.now(),
+    )
+    cuts, progress = cut_own_connection_once()
+    worker = Worker(burst=True, concurrency=1, progress=progress)
+    assert worker.run(install_signal_handlers=False) == 0
+    assert len(cuts) == 1
+    assert [m.to for m in outbox_mail] == [["a@example.com"]]
+    assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
+    assert Delivery.objects.get(pk=stale.pk).worker_id == "other#1"  # left alone
+
+
+def test_a_cut_thread_connection_at_a_give_back_is_a_retry_not_a_crash(queue, outbox_mail):
+    """A paused domain's row is given back on the thread's own connection, cut just before."""
+    if connection.vendor != "postgresql":
+        pytest.skip("pg_terminate_backend cuts a PostgreSQL connection")
+    control.pause("hold.example", queue)
+    sent, held = enqueue_email("s", "b", None, ["a@example.com", "b@hold.example"])
+    cuts, progress = cut_own_connection_once()
+    worker = Worker(burst=True, concurrency=1, progress=progress)
+    assert worker.run(install_signal_handlers=False) == 0
+    assert len(cuts) == 1
+    assert [m.to for m in outbox_mail] == [["a@example.com"]]
+    assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
+    row = Delivery.objects.get(pk=held.pk)
+    assert (row.status, row.attempts) == (Status.QUEUED, 0)  # given back once: not an attempt
+    assert queue.waiting_ids() == {held.pk}
 
 
 def test_deregistering_never_deletes_ids_it_could_not_give_back(queue, outbox_mail):

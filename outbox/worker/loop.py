@@ -10,6 +10,12 @@ one :class:`SenderLoop`, one per thread:
 ``settlement``  the outcome of the message in hand, not yet written
 ``nonce``       the claim to repeat after a lost reply, or None
 ``connections`` the delivery connections: the default one, one per mailer used
+
+Why this module is over 400 lines: it is one job, the order of the steps and
+the retries between them. Each step's own work already lives in its room
+(``sql``, ``outcomes``, ``gate``, ``connections``, ``backoff``); what is left
+here is which state a failure leaves behind and where the loop picks up,
+which is safest read in one place.
 """
 
 from __future__ import annotations
@@ -95,9 +101,7 @@ class SenderLoop:
                 started = self._mark(self.pending.popleft())
                 if started is None:
                     continue
-                if self.gate.holds(started):
-                    # Given back until its domain or limit allows it: not an attempt.
-                    self.acks.append(started.delivery.pk)
+                if self._held(started):
                     continue
                 self.settlement = self._deliver(started)
                 if self.worker.count_handled():
@@ -209,20 +213,47 @@ class SenderLoop:
         except DatabaseError as exc:
             # Keep the outcome and the token: if the transaction did commit,
             # the retry finds both rows already written under our tokens.
-            drop_db_connection()
-            self.pending.appendleft(item)
-            self.tokens[item.id] = token
-            self.pause.wait("the database", exc)
+            self._again_later(item, token, exc)
             return None
         self.pause.reset()
         if self.settlement is not None:
             self._settled(self.settlement, changed)
-        started = self._started(item, token, claimed)
+        try:
+            started = self._started(item, token, claimed)
+        except DatabaseError as exc:
+            # The step committed (the outcome is written), but reading what it
+            # claimed failed: this thread's own connection, which the step does
+            # not use, may be one the server cut meanwhile. The retry, with
+            # the same token, finds the row ours or skips it.
+            self._again_later(item, token, exc)
+            return None
         if started is None:
             self.acks.append(item.id)
             return None
         fault("after_mark_processing")
         return started
+
+    def _again_later(self, item: Claimed, token: uuid.UUID, exc: DatabaseError) -> None:
+        """The database failed ``item`` mid-way: first in line again, with its token."""
+        drop_db_connection()
+        self.pending.appendleft(item)
+        self.tokens[item.id] = token
+        self.pause.wait("the database", exc)
+
+    def _held(self, started: Started) -> bool:
+        """Whether a switch or a limit holds ``started`` back (given back, or to retry)."""
+        try:
+            held = self.gate.holds(started)
+        except DatabaseError as exc:
+            # The give-back UPDATE failed: the row is still ours, and the
+            # retry (same token) asks the gate again.
+            item = Claimed(started.delivery.pk, started.delivery.priority)
+            self._again_later(item, started.token, exc)
+            return True
+        if held:
+            # Given back until its domain or limit allows it: not an attempt.
+            self.acks.append(started.delivery.pk)
+        return held
 
     def _settle_and_mark(
         self, item: Claimed, token: uuid.UUID
