@@ -21,7 +21,6 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
@@ -319,12 +318,22 @@ def test_the_last_outcome_and_the_pending_ids_are_written_when_the_loop_dies(que
     assert {r.pk for r in rows} == set(statuses)
 
 
-def cut_own_connection_once() -> tuple[list[int], Callable[[int, float], None]]:
-    """A worker ``progress`` hook: the first time, the server cuts the calling thread's connection."""
+# pg_terminate_backend cuts one PostgreSQL connection from another.
+postgresql_only = pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="cuts a connection with pg_terminate_backend"
+)
+
+
+def burst_cutting_the_thread_connection(first: Delivery, outbox_mail: list) -> None:
+    """Run a burst worker whose sender thread's own connection the server cuts once.
+
+    The cut comes from the worker's ``progress`` hook, in the sender thread,
+    once ``first`` was handed over; the worker must then end normally (exit
+    status 1 means a sender thread crashed) with ``first`` sent.
+    """
     cuts: list[int] = []
 
     def progress(delivered: int, at: float) -> None:
-        # In the sender thread, once the first message was handed over.
         if cuts:
             return
         with connection.cursor() as cursor:
@@ -338,9 +347,14 @@ def cut_own_connection_once() -> tuple[list[int], Callable[[int, float], None]]:
             admin.close()
         cuts.append(pid)
 
-    return cuts, progress
+    worker = Worker(burst=True, concurrency=1, progress=progress)
+    assert worker.run(install_signal_handlers=False) == 0
+    assert len(cuts) == 1
+    assert [m.to for m in outbox_mail] == [[first.recipient]]
+    assert Delivery.objects.get(pk=first.pk).status == Status.SENT
 
 
+@postgresql_only
 def test_a_cut_thread_connection_after_the_step_is_a_retry_not_a_crash(queue, outbox_mail):
     """The step runs on the worker's step connection; what it claimed is read on the thread's.
 
@@ -349,8 +363,6 @@ def test_a_cut_thread_connection_after_the_step_is_a_retry_not_a_crash(queue, ou
     first message. Found by the chaos run: the thread crashed and the worker
     exited 1.
     """
-    if connection.vendor != "postgresql":
-        pytest.skip("pg_terminate_backend cuts a PostgreSQL connection")
     sent, stale = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     Delivery.objects.filter(pk=stale.pk).update(
         status=Status.PROCESSING,
@@ -358,27 +370,16 @@ def test_a_cut_thread_connection_after_the_step_is_a_retry_not_a_crash(queue, ou
         worker_id="other#1",
         processing_started_at=timezone.now(),
     )
-    cuts, progress = cut_own_connection_once()
-    worker = Worker(burst=True, concurrency=1, progress=progress)
-    assert worker.run(install_signal_handlers=False) == 0
-    assert len(cuts) == 1
-    assert [m.to for m in outbox_mail] == [["a@example.com"]]
-    assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
+    burst_cutting_the_thread_connection(sent, outbox_mail)
     assert Delivery.objects.get(pk=stale.pk).worker_id == "other#1"  # left alone
 
 
+@postgresql_only
 def test_a_cut_thread_connection_at_a_give_back_is_a_retry_not_a_crash(queue, outbox_mail):
     """A paused domain's row is given back on the thread's own connection, cut just before."""
-    if connection.vendor != "postgresql":
-        pytest.skip("pg_terminate_backend cuts a PostgreSQL connection")
     control.pause("hold.example", queue)
     sent, held = enqueue_email("s", "b", None, ["a@example.com", "b@hold.example"])
-    cuts, progress = cut_own_connection_once()
-    worker = Worker(burst=True, concurrency=1, progress=progress)
-    assert worker.run(install_signal_handlers=False) == 0
-    assert len(cuts) == 1
-    assert [m.to for m in outbox_mail] == [["a@example.com"]]
-    assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
+    burst_cutting_the_thread_connection(sent, outbox_mail)
     row = Delivery.objects.get(pk=held.pk)
     assert (row.status, row.attempts) == (Status.QUEUED, 0)  # given back once: not an attempt
     assert queue.waiting_ids() == {held.pk}
