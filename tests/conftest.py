@@ -6,7 +6,6 @@ import gc
 import subprocess
 import sys
 import threading
-import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from django.db import connections
 
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
-from tests.servers import RedisServer, SMTPRecorder, subprocess_env
+from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,10 +36,10 @@ def django_db_setup(django_db_setup: None, django_db_blocker: Any) -> Iterator[N
     yield
     gc.collect()
     with django_db_blocker.unblock():
-        deadline = time.monotonic() + 10
-        others = _other_sessions()
-        while others and time.monotonic() < deadline:
-            time.sleep(0.1)
+        try:
+            wait_until(lambda: not _other_sessions(), 10, interval=0.1)
+            others = []
+        except AssertionError:
             others = _other_sessions()
         for connection in connections.all():
             connection.close()

@@ -31,7 +31,7 @@ matches the claim token, so a late worker can never overwrite another attempt.
 The rooms: ``process.py`` (incarnation, threads, signals, heartbeat),
 ``supervisor.py`` (``--processes``: N forked workers), ``loop.py`` (one
 thread's loop), ``sql.py`` (runs the statements of ``outbox/statements/``,
-one module per database), ``gate.py`` (rate limits
+one module per database), ``claimed.py`` (what a claim UPDATE gave a thread), ``gate.py`` (rate limits
 and pauses, between claim and send), ``outcomes.py`` (what an outcome is and
 how it is written), ``report.py`` (counters, log lines, signals),
 ``backoff.py`` (waiting out Redis or the database), ``cache.py`` (email

@@ -11,11 +11,9 @@ one :class:`SenderLoop`, one per thread:
 ``nonce``       the claim to repeat after a lost reply, or None
 ``connections`` the delivery connections: the default one, one per mailer used
 
-Why this module is over 400 lines: it is one job, the order of the steps and
-the retries between them. Each step's own work already lives in its room
-(``sql``, ``outcomes``, ``gate``, ``connections``, ``backoff``); what is left
-here is which state a failure leaves behind and where the loop picks up,
-which is safest read in one place.
+Each step's own work lives in its room (``sql``, ``claimed``, ``outcomes``,
+``gate``, ``connections``, ``backoff``); this holds their order and the
+retries between them.
 """
 
 from __future__ import annotations
@@ -41,6 +39,7 @@ from ..models import Attempt, Delivery
 from ..queue import Claimed, QueueEntry
 from . import sql
 from .backoff import Backoff, drop_db_connection
+from .claimed import started_from
 from .connections import Connections
 from .faults import fault
 from .gate import Gate
@@ -219,7 +218,7 @@ class SenderLoop:
         if self.settlement is not None:
             self._settled(self.settlement, changed)
         try:
-            started = self._started(item, token, claimed)
+            started = started_from(self.worker, item, token, claimed)
         except DatabaseError as exc:
             # The step committed (the outcome is written), but reading what it
             # claimed failed: this thread's own connection, which the step does
@@ -300,44 +299,6 @@ class SenderLoop:
         if s is not None and not changed:
             changed = sent_but_not_ours(s, now)
         return changed, claimed
-
-    def _started(
-        self, item: Claimed, token: uuid.UUID, claimed: sql.ClaimedRow | None
-    ) -> Started | None:
-        """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
-
-        The UPDATE left the row naming this incarnation, the claim token and
-        the start time: all the evidence the sweeper needs if we die before
-        step 4.
-        """
-        # No close_old_connections() here: with CONN_MAX_AGE=0 it would open a
-        # new connection for every email. The connection lives as long as the
-        # thread and is dropped only after a DatabaseError.
-        if claimed is None:
-            owned = Delivery.objects.filter(
-                pk=item.id, status=Status.PROCESSING, claim_token=token
-            ).first()
-            if owned is None:
-                # A queued row not due yet was pushed early: put it in `scheduled`.
-                entry = sql.early_entry(item.id, self.worker.clock.now())
-                if entry is not None:
-                    transaction.on_commit(lambda: self.worker.push_quietly([entry]))
-                self.worker.stats.add("skipped")
-                return None
-            # Our earlier UPDATE committed; its reply was lost.
-            claimed = sql.ClaimedRow(owned, None, False)
-        if claimed.expired:
-            # The claim UPDATE found it past its expires_at and cancelled it.
-            logger.info("delivery %s expired before it was sent; cancelled", item.id)
-            self.worker.stats.add("skipped")
-            return None
-        delivery = claimed.delivery
-        if claimed.email is not None:
-            email, attachments = self.worker.emails.remember(claimed.email, claimed.has_attachments)
-        else:
-            email, attachments = self.worker.emails.content(delivery.email_id)
-        generation = self.worker.generation
-        return Started(delivery, email, attachments, token, time.monotonic(), generation)
 
     # -- step 3: send -----------------------------------------------------------
 
