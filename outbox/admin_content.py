@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from django.contrib import admin
 from django.core.exceptions import ValidationError
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import escape, format_html
 from django.utils.safestring import SafeString
@@ -19,6 +20,7 @@ from django.utils.translation import gettext_lazy as _
 
 from .models import EmailTemplate, Suppression
 from .rendering import compile_row, render
+from .validation import suppression_key
 
 
 @admin.register(EmailTemplate)
@@ -72,3 +74,15 @@ class SuppressionAdmin(admin.ModelAdmin):
 
     def get_changeform_initial_data(self, request: HttpRequest) -> dict[str, str | list[str]]:
         return {"source": Suppression.Source.OPERATOR}
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Suppression], search_term: str
+    ) -> tuple[QuerySet[Suppression], bool]:
+        """Also find an address searched for in its Unicode form (stored IDNA-encoded)."""
+        found, duplicates = super().get_search_results(request, queryset, search_term)
+        term = search_term.strip()
+        # A bare domain (or a part of one) is encoded as the domain of an address.
+        key = suppression_key(term if "@" in term else "@" + term).removeprefix("@")
+        if key and key != term.lower():
+            found |= queryset.filter(address__contains=key)
+        return found, duplicates

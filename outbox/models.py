@@ -18,6 +18,8 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
+from .validation import suppression_key
+
 # Worker ids on rows and in the attempt log. The ``outbox_worker`` command
 # accepts ids of up to 200 characters; the worker may append an incarnation
 # suffix (``#`` and 12 hex digits), so the columns leave room for it.
@@ -347,8 +349,9 @@ class Suppression(models.Model):
         OPERATOR = "operator", _("operator")
         API = "api", _("API")
 
-    # Stored lower-cased (``save()``), so the unique index compares
-    # case-insensitively and serves enqueue's one `address IN (...)` query.
+    # Stored in one form (``save()``: lower-cased, the domain IDNA-encoded, see
+    # ``validation.suppression_key``), so the unique index compares what
+    # enqueue and a refusal name alike and serves enqueue's one query.
     address = models.CharField(_("address"), max_length=320, unique=True)
     reason = models.TextField(_("reason"), blank=True, default="")
     source = models.CharField(
@@ -365,9 +368,10 @@ class Suppression(models.Model):
         return self.address
 
     def save(self, *args: object, **kwargs: object) -> None:
-        self.address = self.address.strip().lower()
+        self.address = suppression_key(self.address)
         super().save(*args, **kwargs)  # type: ignore[arg-type]
 
     def clean(self) -> None:
-        # Before the form's unique check, so "A@x" collides with "a@x".
-        self.address = self.address.strip().lower()
+        # Before the form's unique check, so "A@x" collides with "a@x" (and
+        # "a@bücher.de" with "a@xn--bcher-kva.de").
+        self.address = suppression_key(self.address)

@@ -1,7 +1,8 @@
 """The suppression list: addresses the outbox never sends to.
 
 An enqueue call looks all its recipients up in ONE query (the unique index on
-``address``, which is stored lower-cased): a suppressed recipient's delivery
+``address``, stored in one form, :func:`suppression_key`: lower-cased, the
+domain IDNA-encoded, as a refusal names it): a suppressed recipient's delivery
 is written ``cancelled`` with ``last_error`` naming the suppression, and its
 id is never pushed to Redis. Other recipients of the call are unaffected.
 
@@ -23,15 +24,23 @@ from django.db import connections, router
 from django.utils import timezone
 
 from .models import Suppression
+from .validation import suppression_key
 
-__all__ = ["bare_address", "refused_recipients", "suppress", "suppressed", "unsuppress"]
+__all__ = [
+    "bare_address",
+    "refused_recipients",
+    "suppress",
+    "suppressed",
+    "suppression_key",
+    "unsuppress",
+]
 
 
 def bare_address(recipient: str) -> str:
-    """The lower-cased address of a validated recipient (``"Name <a@b>"`` or ``"a@b"``)."""
+    """A recipient's address (``"Name <a@b>"`` or ``"a@b"``) in the suppression list's form."""
     if "<" not in recipient:
-        return recipient.lower()
-    return parseaddr(recipient)[1].lower()
+        return suppression_key(recipient)
+    return suppression_key(parseaddr(recipient)[1])
 
 
 def suppress(address: str, reason: str = "", *, source: str = Suppression.Source.API) -> bool:
@@ -41,7 +50,7 @@ def suppress(address: str, reason: str = "", *, source: str = Suppression.Source
     sending. Deliveries already queued are not touched.
     """
     _row, created = Suppression.objects.get_or_create(
-        address=address.strip().lower(),
+        address=suppression_key(address),
         defaults={"reason": reason, "source": source, "created_at": timezone.now()},
     )
     return created
@@ -49,12 +58,12 @@ def suppress(address: str, reason: str = "", *, source: str = Suppression.Source
 
 def unsuppress(address: str) -> bool:
     """Take ``address`` off the suppression list; False if it was not on it."""
-    deleted, _ = Suppression.objects.filter(address=address.strip().lower()).delete()
+    deleted, _ = Suppression.objects.filter(address=suppression_key(address)).delete()
     return bool(deleted)
 
 
 def suppressed(using: str, addresses: Sequence[str]) -> dict[str, str]:
-    """Which of ``addresses`` (lower-cased) are suppressed, with why: one indexed query.
+    """Which of ``addresses`` (in :func:`suppression_key` form) are suppressed, with why: one indexed query.
 
     The addresses travel as one parameter (an array on PostgreSQL, a JSON
     list on SQLite), so the query is one statement however many there are.
@@ -88,7 +97,7 @@ def _why(address: str, reason: str, source: str) -> str:
 
 
 def refused_recipients(exc: BaseException) -> list[str]:
-    """Recipients a server refused for good (5xx at RCPT) in ``exc``, lower-cased.
+    """Recipients a server refused for good (5xx at RCPT) in ``exc``, in the list's form.
 
     Only :class:`smtplib.SMTPRecipientsRefused` names recipients; a refusal of
     the sender or of the data is about something else.
@@ -111,7 +120,7 @@ def add_refused(addresses: Iterable[str], reason: str, using: str | None = None)
             Suppression(
                 address=a, reason=reason[:2000], source=Suppression.Source.REFUSAL, created_at=now
             )
-            for a in dict.fromkeys(addresses)
+            for a in dict.fromkeys(suppression_key(a) for a in addresses)
         ],
         ignore_conflicts=True,
     )

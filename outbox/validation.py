@@ -127,6 +127,13 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
     if "<" in value and "<" + address + ">" not in value.replace(" ", ""):
         # getaddresses() is lenient; make sure the bracketed part is what it parsed.
         raise _not_an_address(field, value)
+    if name and not address.isascii():
+        # formataddr() takes only an ASCII address: with a display name, an
+        # internationalised domain is written in its IDNA form (as sent).
+        local, _at, domain = address.rpartition("@")
+        if not local.isascii():
+            raise _not_an_address(field, value)
+        address = f"{local}@{domain.encode('idna').decode('ascii')}"
     formatted = formataddr((name, address)) if name else address
     if len(formatted) > MAX_ADDRESS_LENGTH:
         raise _too_long(field, value)
@@ -157,6 +164,29 @@ def _too_long(field: str, value: str) -> ValidationError:
         },
         code="max_length",
     )
+
+
+def suppression_key(address: str) -> str:
+    """The one form an address is stored and compared in on the suppression list.
+
+    Lower-cased, with a non-ASCII domain IDNA-encoded (``user@xn--bcher-kva.de``
+    for ``user@bücher.de``): Django's SMTP backend sends that form, so it is
+    what a server's refusal names, while enqueue sees what the caller wrote.
+    The local part stays as given, lower-cased. A domain IDNA cannot encode is
+    kept as it is (validation refuses such recipients anyway).
+    """
+    address = address.strip().lower()
+    if address.isascii():
+        return address
+    local, at, domain = address.rpartition("@")
+    if not at or domain.isascii():
+        return address
+    try:
+        # The codec Django's own ``punycode()`` uses (IDNA 2003), so the form
+        # is the one the SMTP backend put in the envelope.
+        return f"{local}@{domain.encode('idna').decode('ascii').lower()}"
+    except UnicodeError:
+        return address
 
 
 def normalize_address_list(field: str, values: Any) -> list[str]:

@@ -6,6 +6,9 @@ answers 550 to RCPT for one address, one answers 554 to DATA.
 
 from __future__ import annotations
 
+from importlib import import_module
+from types import SimpleNamespace
+
 import pytest
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage
@@ -15,6 +18,7 @@ from django.test.utils import CaptureQueriesContext
 from outbox import enqueue_email, enqueue_many, enqueue_template, suppress, unsuppress
 from outbox.backends import OutboxBackend
 from outbox.models import Delivery, EmailTemplate, Suppression
+from outbox.suppression import add_refused
 from outbox.worker import Worker
 from tests.servers import SMTPRecorder
 from tests.test_send_timeout import use_smtp
@@ -145,3 +149,93 @@ def test_a_451_at_rcpt_is_retried_and_suppresses_nobody(settings):
         server.stop()
     assert Delivery.objects.get(pk=row.pk).status == Status.QUEUED
     assert not Suppression.objects.exists()
+
+
+# -- internationalised domains: one form everywhere -------------------------------------
+
+UNICODE = "user@bücher.de"
+PUNYCODE = "user@xn--bcher-kva.de"  # what Django's SMTP backend puts in RCPT TO
+
+
+def test_suppress_stores_the_idna_form_and_matches_either_form():
+    assert suppress("User@BÜCHER.de", "asked us to stop") is True
+    assert Suppression.objects.get().address == PUNYCODE
+    assert suppress(PUNYCODE) is False
+    assert unsuppress(UNICODE) is True
+    assert not Suppression.objects.exists()
+
+
+def test_admin_form_stores_the_idna_form_and_rejects_the_other_form():
+    Suppression(address=UNICODE).save()
+    assert Suppression.objects.get().address == PUNYCODE
+    with pytest.raises(ValidationError):
+        Suppression(address=PUNYCODE.upper()).full_clean()
+    with pytest.raises(ValidationError):
+        Suppression(address="USER@Bücher.de").full_clean()
+
+
+def test_admin_search_finds_an_idna_address_by_its_unicode_form(admin_client):
+    suppress(PUNYCODE)
+    response = admin_client.get("/admin/outbox/suppression/", {"q": "bücher.de"})
+    assert response.status_code == 200
+    assert PUNYCODE in response.content.decode()
+
+
+def test_a_refusal_stored_in_idna_form_stops_every_enqueue_path(queue):
+    add_refused([PUNYCODE], "550 5.1.1 no such user")
+    EmailTemplate.objects.create(name="t", subject="s", text="t")
+    rows = [
+        *enqueue_email("s", "b", None, ["Jö <User@Bücher.de>"]),
+        *enqueue_email("s", "b", None, [UNICODE, "ok@example.com"]),
+        *enqueue_email("s", "b", None, [UNICODE], idempotency_key="k1"),
+        *enqueue_template("t", {}, None, [UNICODE]),
+    ]
+    for created in enqueue_many(
+        [
+            {"template": "t", "recipient_list": [UNICODE]},
+            {"subject": "s", "message": "b", "recipient_list": [UNICODE]},
+        ]
+    ):
+        rows += created
+    assert OutboxBackend().send_messages([EmailMessage("s", "b", None, [UNICODE])]) == 1
+    by_status = {d.recipient: d.status for d in rows if d.recipient == "ok@example.com"}
+    assert by_status == {"ok@example.com": Status.QUEUED}
+    stopped = [d for d in rows if d.recipient != "ok@example.com"]
+    assert {d.status for d in stopped} == {Status.CANCELLED}
+    assert all(PUNYCODE in d.last_error for d in stopped)
+    assert (
+        Delivery.objects.exclude(recipient="ok@example.com")
+        .exclude(status=Status.CANCELLED)
+        .count()
+        == 0
+    )
+    assert queue.waiting_ids() == {d.pk for d in rows if d.recipient == "ok@example.com"}
+
+
+def test_a_550_to_an_idn_address_suppresses_the_address_as_written(settings):
+    server = SMTPRecorder(refuse={PUNYCODE: "550 5.1.1 no such user"}).start()
+    try:
+        use_smtp(settings, server.port, SEND_TIMEOUT=5.0)
+        [row] = enqueue_email("Hi", "Body", "shop@example.com", [UNICODE])
+        run_worker()
+    finally:
+        server.stop()
+    assert Delivery.objects.get(pk=row.pk).status == Status.FAILED
+    assert list(Suppression.objects.values_list("address", flat=True)) == [PUNYCODE]
+    [later] = enqueue_email("Again", "Body", None, ["User@Bücher.DE"])
+    assert later.status == Status.CANCELLED
+
+
+def test_the_migration_rewrites_unicode_rows_and_drops_duplicates():
+    from django.apps import apps
+
+    migration = import_module("outbox.migrations.0010_suppression_idna_addresses")
+    suppress(PUNYCODE, "refused")
+    suppress("other@example.com")
+    # Rows written before the change: stored as given, lower-cased (bypassing save()).
+    Suppression.objects.bulk_create(
+        [Suppression(address=UNICODE, reason="dup"), Suppression(address="a@straße.de")]
+    )
+    migration.encode_domains(apps, SimpleNamespace(connection=connection))
+    rows = dict(Suppression.objects.values_list("address", "reason"))
+    assert rows == {PUNYCODE: "refused", "other@example.com": "", "a@strasse.de": ""}
