@@ -83,6 +83,10 @@ DEFAULTS: dict[str, Any] = {
     "RECONCILE_MAX_AGE": 7 * 86400.0,
     # Postfix's mail log, for outbox.reconcilers.PostfixLogReconciler.
     "POSTFIX_LOG": None,
+    # Zone of the log's zone-less ("Nov 23 12:00:01") timestamps, e.g.
+    # "Europe/Berlin". None: this host's zone (/etc/localtime), as syslog
+    # writes them; never settings.TIME_ZONE.
+    "POSTFIX_LOG_TIME_ZONE": None,
     # Templates, bulk mail, expiry and suppression (issue 14).
     # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
     "SUPPRESS_ON_REFUSAL": True,
@@ -220,6 +224,11 @@ class OutboxSettings:
     @property
     def POSTFIX_LOG(self) -> str | None:
         value = self._get("POSTFIX_LOG")
+        return str(value) if value else None
+
+    @property
+    def POSTFIX_LOG_TIME_ZONE(self) -> str | None:
+        value = self._get("POSTFIX_LOG_TIME_ZONE")
         return str(value) if value else None
 
     # -- templates, bulk mail, expiry and suppression ------------------------------

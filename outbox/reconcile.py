@@ -79,10 +79,7 @@ def reconcile(queue: RedisQueue, policy: str) -> ReconcileReport:
     rows = _candidates(queue, now)
     if not rows:
         return report
-    questions = [
-        Question(pk, message_id, recipient, started, abandoned)
-        for pk, message_id, recipient, started, abandoned, _token in rows
-    ]
+    questions = [Question(*row[:-1]) for row in rows]
     answers = _ask_all(questions, report)
     tokens = {pk: token for pk, *_rest, token in rows}
     unsettled: list[int] = []
@@ -108,7 +105,18 @@ def _candidates(queue: RedisQueue, now: float) -> list[tuple[Any, ...]]:
     rows = Delivery.objects.abandoned().filter(
         updated_at__gte=from_timestamp(now - outbox_settings.RECONCILE_MAX_AGE)
     )
-    fields = ("pk", "message_id", "recipient", "processing_started_at", "updated_at", "claim_token")
+    # The Question's fields in its order, then the claim token. An abandoned
+    # row keeps its worker_id (only a return to queued clears it).
+    fields = (
+        "pk",
+        "message_id",
+        "recipient",
+        "processing_started_at",
+        "updated_at",
+        "worker_id",
+        "email__mailer",
+        "claim_token",
+    )
     chosen: list[tuple[Any, ...]] = []
     after: tuple[Any, int] | None = None
     limit = outbox_settings.RECONCILE_BATCH

@@ -2,8 +2,10 @@
 
 The fixtures are what Postfix 3 writes for a message handed over by
 ``sendmail`` (pickup, cleanup, qmgr, then a delivery agent), with both
-syslog timestamp styles: traditional (``Nov 23 12:00:01``, local time, no
-year) and RFC 3339 (``2026-11-23T12:00:01.123456+00:00``).
+syslog timestamp styles: traditional (``Nov 23 12:00:01``, the host's zone,
+no year) and RFC 3339 (``2026-11-23T12:00:01.123456+00:00``). "Not sent"
+needs sibling rows in the database: other messages of the same worker
+incarnation through the same mailer, found in the log.
 """
 
 from __future__ import annotations
@@ -11,17 +13,31 @@ from __future__ import annotations
 import gzip
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 import pytest
+from django.core.exceptions import ImproperlyConfigured
 
+from outbox import enqueue_email
+from outbox.models import Delivery, Email
 from outbox.reconcilers import PostfixLogReconciler, Question, Verdict
-from outbox.reconcilers.postfix_log import log_files, parse_timestamp, scan
+from outbox.reconcilers.postfix_log import host_zone, log_files, parse_timestamp, scan
 
 T0 = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
+WORKER = "mx1:4242#a1b2c3"
 
 
 def traditional(at: datetime) -> str:
-    return at.astimezone().strftime("%b %e %H:%M:%S")
+    return at.astimezone(host_zone()).strftime("%b %e %H:%M:%S")
+
+
+def other_zone() -> str:
+    """A zone whose offset differs from the host's now (Europe/Berlin unless the host is on it)."""
+    now = datetime.now(UTC)
+    for name in ("Europe/Berlin", "Asia/Tokyo"):
+        if now.astimezone(ZoneInfo(name)).utcoffset() != now.astimezone(host_zone()).utcoffset():
+            return name
+    raise AssertionError("unreachable: Berlin and Tokyo differ")
 
 
 def rfc3339(at: datetime) -> str:
@@ -76,8 +92,33 @@ def ask(path: Path, *questions: Question):
     return PostfixLogReconciler(str(path)).answer_many(list(questions))
 
 
-def q(pk: int, mid: str, rcpt: str = "a@example.org", start: datetime = T0, gone_after: float = 40):
-    return Question(pk, mid, rcpt, start, start + timedelta(seconds=gone_after))
+def q(
+    pk: int,
+    mid: str,
+    rcpt: str = "a@example.org",
+    start: datetime = T0,
+    gone_after: float = 40,
+    worker: str = "",
+    mailer: str = "",
+):
+    return Question(pk, mid, rcpt, start, start + timedelta(seconds=gone_after), worker, mailer)
+
+
+def sibling(at: datetime, worker: str = WORKER, mailer: str = "") -> str:
+    """A row ``worker`` marked sent through ``mailer`` at ``at``; its Message-ID."""
+    [row] = enqueue_email("s", "b", None, ["sib@example.org"])
+    Delivery.objects.filter(pk=row.pk).update(
+        status=Delivery.Status.SENT, worker_id=worker, sent_at=at, processing_started_at=at
+    )
+    Email.objects.filter(pk=row.email_id).update(mailer=mailer)
+    return row.message_id
+
+
+def handed_over(mid: str, at: datetime, stamp=rfc3339) -> list[str]:
+    """Postfix's lines for a sibling it accepted and relayed."""
+    return message(
+        "2C2C2C2C2C", mid, "sib@example.org", at, stamp, status="sent", dsn="2.0.0", text="250 ok"
+    )
 
 
 @pytest.fixture(autouse=True)
@@ -149,22 +190,96 @@ def test_cleanup_without_qmgr_is_unknown(tmp_path):
     assert ask(log, q(1, mid))[1].verdict is Verdict.UNKNOWN
 
 
-def test_absent_while_the_log_covers_the_attempt_is_sure_not_sent(tmp_path):
+@pytest.mark.django_db
+@pytest.mark.parametrize("stamp", [traditional, rfc3339], ids=["traditional", "rfc3339"])
+def test_absent_while_the_log_covers_the_attempt_is_sure_not_sent(tmp_path, stamp):
+    mid = sibling(T0 - timedelta(minutes=2))
     log = write(
-        tmp_path / "mail.log", noise(T0 - timedelta(hours=1)) + noise(T0 + timedelta(minutes=5))
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=1), stamp)
+        + handed_over(mid, T0 - timedelta(minutes=2), stamp)
+        + noise(T0 + timedelta(minutes=5), stamp),
     )
-    answer = ask(log, q(1, "<never@example.com>"))[1]
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER))[1]
     assert (answer.verdict, answer.sure) == (Verdict.NOT_SENT, True)
+    assert WORKER in answer.evidence and mid in answer.evidence
 
 
+@pytest.mark.django_db
 def test_absent_but_the_log_ends_inside_the_send_window_is_not_sure(tmp_path):
     # Postfix lines stop 10 s after the start: a sendmail child could still
     # have handed the message over within SEND_TIMEOUT (30 s).
+    mid = sibling(T0 - timedelta(minutes=2))
     log = write(
-        tmp_path / "mail.log", noise(T0 - timedelta(hours=1)) + noise(T0 + timedelta(seconds=10))
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=1))
+        + handed_over(mid, T0 - timedelta(minutes=2))
+        + noise(T0 + timedelta(seconds=10)),
     )
-    answer = ask(log, q(1, "<never@example.com>", gone_after=5))[1]
+    answer = ask(log, q(1, "<never@example.com>", gone_after=5, worker=WORKER))[1]
     assert (answer.verdict, answer.sure) == (Verdict.NOT_SENT, False)
+
+
+@pytest.mark.django_db
+def test_another_servers_log_is_unknown_however_well_it_covers(tmp_path):
+    """The worker's other messages went elsewhere: this log cannot rule the handover out."""
+    sibling(T0 - timedelta(minutes=2))
+    log = write(
+        tmp_path / "mail.log", noise(T0 - timedelta(hours=1)) + noise(T0 + timedelta(minutes=5))
+    )
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER))[1]
+    assert answer.verdict is Verdict.UNKNOWN
+    assert "none of the 1 other messages" in answer.evidence and WORKER in answer.evidence
+
+
+@pytest.mark.django_db
+def test_a_worker_that_sent_nothing_else_proves_nothing(tmp_path):
+    mid = sibling(T0 - timedelta(minutes=2), worker="mx2:1#ffffff")  # another incarnation's
+    old = sibling(T0 - timedelta(hours=3))  # this incarnation's, but long before
+    log = write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=4))
+        + handed_over(old, T0 - timedelta(hours=3))
+        + handed_over(mid, T0 - timedelta(minutes=2))
+        + noise(T0 + timedelta(minutes=5)),
+    )
+    answers = ask(log, q(1, "<never@example.com>", worker=WORKER), q(2, "<nor@example.com>"))
+    assert answers[1].verdict is Verdict.UNKNOWN and "marked nothing else" in answers[1].evidence
+    assert answers[2].verdict is Verdict.UNKNOWN and "names no worker" in answers[2].evidence
+
+
+@pytest.mark.django_db
+def test_siblings_through_another_mailer_do_not_count(tmp_path):
+    """The default mailer may be the local Postfix while "bulk" is a remote relay."""
+    mid = sibling(T0 - timedelta(minutes=2), mailer="")
+    log = write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=1))
+        + handed_over(mid, T0 - timedelta(minutes=2))
+        + noise(T0 + timedelta(minutes=5)),
+    )
+    answers = ask(
+        log,
+        q(1, "<bulk@example.com>", worker=WORKER, mailer="bulk"),
+        q(2, "<default@example.com>", worker=WORKER),
+    )
+    assert answers[1].verdict is Verdict.UNKNOWN and "'bulk'" in answers[1].evidence
+    assert (answers[2].verdict, answers[2].sure) == (Verdict.NOT_SENT, True)
+
+
+@pytest.mark.django_db
+def test_a_sibling_postfix_only_saw_in_cleanup_is_no_evidence(tmp_path):
+    mid = sibling(T0 - timedelta(minutes=2))
+    log = write(
+        tmp_path / "mail.log",
+        [
+            *noise(T0 - timedelta(hours=1)),
+            f"{rfc3339(T0 - timedelta(minutes=2))} mx postfix/cleanup[812]: 1D1D1D1D1D: "
+            f"message-id={mid}",
+            *noise(T0 + timedelta(minutes=5)),
+        ],
+    )
+    assert ask(log, q(1, "<never@example.com>", worker=WORKER))[1].verdict is Verdict.UNKNOWN
 
 
 def test_a_log_that_starts_after_the_attempt_is_unknown(tmp_path):
@@ -214,8 +329,25 @@ def test_rotated_and_gzipped_files_are_read_oldest_first(tmp_path):
     )
     assert answers[1].verdict is Verdict.SENT and "status=deferred" in answers[1].evidence
     assert answers[2].verdict is Verdict.SENT
-    # The oldest file reaches back before the oldest attempt: the absence is sure.
-    assert (answers[3].verdict, answers[3].sure) == (Verdict.NOT_SENT, True)
+    # The oldest file reaches back before the oldest attempt, but nothing shows
+    # whose log it is: no worker, no siblings.
+    assert answers[3].verdict is Verdict.UNKNOWN
+
+
+@pytest.mark.django_db
+def test_a_sibling_in_a_rotated_file_is_read(tmp_path):
+    """The scan reaches back to the siblings, not only to the attempt."""
+    mid = sibling(T0 - timedelta(minutes=30))
+    write(
+        tmp_path / "mail.log.1",
+        noise(T0 - timedelta(hours=1)) + handed_over(mid, T0 - timedelta(minutes=30)),
+    )
+    write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(minutes=10)) + noise(T0 + timedelta(minutes=5)),
+    )
+    answer = ask(tmp_path / "mail.log", q(1, "<never@example.com>", worker=WORKER))[1]
+    assert (answer.verdict, answer.sure) == (Verdict.NOT_SENT, True)
 
 
 def test_only_the_files_the_oldest_question_needs_are_read(tmp_path):
@@ -240,3 +372,42 @@ def test_traditional_timestamps_take_the_latest_year_not_in_the_future():
     assert parse_timestamp("2026-11-23T12:00:01.5+01:00", now) == datetime(
         2026, 11, 23, 11, 0, 1, 500000, tzinfo=UTC
     )
+
+
+def test_zone_less_times_are_the_hosts_not_djangos(settings):
+    """Django sets the process's zone from TIME_ZONE; syslog wrote the host's."""
+    settings.TIME_ZONE = other_zone()
+    now = datetime(2026, 11, 24, tzinfo=UTC)
+    expected = datetime(2026, 11, 23, 12, 0, 1, tzinfo=host_zone())
+    assert parse_timestamp("Nov 23 12:00:01", now) == expected
+    assert parse_timestamp("2026-11-23T12:00:01", now) == expected
+
+
+def test_host_zone_falls_back_to_utc(tmp_path):
+    assert host_zone(tmp_path / "no-localtime") is UTC
+    (tmp_path / "garbage").write_bytes(b"not a zone file")
+    assert host_zone(tmp_path / "garbage") is UTC
+
+
+@pytest.mark.django_db
+def test_the_log_time_zone_setting(settings, tmp_path):
+    """A log written in New York time, read on a host in another zone."""
+    settings.OUTBOX = {**settings.OUTBOX, "POSTFIX_LOG_TIME_ZONE": "America/New_York"}
+    new_york = ZoneInfo("America/New_York")
+
+    def stamp(at: datetime) -> str:
+        return at.astimezone(new_york).strftime("%b %e %H:%M:%S")
+
+    mid = sibling(T0 - timedelta(minutes=2))
+    # Read in UTC these lines would lie five hours before the attempt: "unknown".
+    log = write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(minutes=30), stamp)
+        + handed_over(mid, T0 - timedelta(minutes=2), stamp)
+        + noise(T0 + timedelta(minutes=5), stamp),
+    )
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER))[1]
+    assert (answer.verdict, answer.sure) == (Verdict.NOT_SENT, True)
+    settings.OUTBOX = {**settings.OUTBOX, "POSTFIX_LOG_TIME_ZONE": "Mars/Olympus_Mons"}
+    with pytest.raises(ImproperlyConfigured, match="Mars/Olympus_Mons"):
+        ask(log, q(1, "<never@example.com>", worker=WORKER))

@@ -17,8 +17,8 @@ from django.utils import timezone
 
 from outbox import enqueue_email
 from outbox.checks import check_outbox_settings
-from outbox.models import Attempt, Delivery
-from outbox.reconcilers import UNKNOWN, Answer, Reconciler
+from outbox.models import Attempt, Delivery, Email
+from outbox.reconcilers import UNKNOWN, Answer, Question, Reconciler
 from outbox.sweeper import Sweeper
 from tests.servers import wait_until
 from tests.test_worker_process import kill_at
@@ -54,6 +54,16 @@ class NotAReconciler:
     pass
 
 
+class Recording(Reconciler):
+    """Knows nothing; keeps the questions it was asked."""
+
+    questions: list[Question] = []
+
+    def answer_many(self, questions):
+        type(self).questions += questions
+        return {}
+
+
 class ReclaimedMeanwhile(Reconciler):
     """Says "sent", but first the row is requeued and abandoned again (a new claim token)."""
 
@@ -67,6 +77,7 @@ class ReclaimedMeanwhile(Reconciler):
 def _fresh_scripts():
     for cls in (Scripted, Second):
         cls.answers, cls.asked = {}, []
+    Recording.questions = []
 
 
 def reconcilers(settings, *paths: str, **more) -> None:
@@ -192,6 +203,61 @@ def test_sent_wins_over_not_sent(settings, caplog):
     row.refresh_from_db()
     assert row.status == Status.SENT
     assert log_of(row) == [("marked_sent", "reconciler:tests.test_reconcile.Second", "in mine")]
+
+
+def test_the_question_names_the_incarnation_and_the_mailer(settings):
+    reconcilers(settings, "tests.test_reconcile.Recording")
+    [row] = abandoned(1)
+    Email.objects.filter(pk=row.email_id).update(mailer="bulk")
+    Sweeper(policy="review").run_pass()
+    [question] = Recording.questions
+    assert (question.delivery_id, question.worker_id, question.mailer) == (
+        row.pk,
+        "dead-worker",
+        "bulk",
+    )
+    assert question.started_at == row.processing_started_at
+    assert question.abandoned_at == row.updated_at
+
+
+def postfix_lines(at, mid: str, qid: str) -> str:
+    stamp = at.isoformat(timespec="microseconds")
+    return (
+        f"{stamp} mx postfix/cleanup[812]: {qid}: message-id={mid}\n"
+        f"{stamp} mx postfix/qmgr[600]: {qid}: from=<outbox-tests@example.com>, "
+        "size=702, nrcpt=1 (queue active)\n"
+    )
+
+
+@pytest.mark.parametrize("in_log", [True, False], ids=["this-servers-log", "another-log"])
+def test_not_sent_needs_the_incarnations_other_handovers_in_the_log(settings, tmp_path, in_log):
+    """A log covering the attempt settles "not sent" only if it shows the worker's other mail."""
+    [row, other] = abandoned(2)
+    started = row.processing_started_at
+    # The same incarnation sent `other` through the same mailer a minute before.
+    Delivery.objects.filter(pk=other.pk).update(
+        status=Status.SENT, sent_at=started - timedelta(minutes=1)
+    )
+    log = tmp_path / "mail.log"
+    log.write_text(
+        f"{(started - timedelta(hours=2)).isoformat()} mx postfix/anvil[7]: statistics: x\n"
+        + (
+            postfix_lines(started - timedelta(minutes=1), other.message_id, "7A7A")
+            if in_log
+            else ""
+        )
+        + f"{timezone.now().isoformat()} mx postfix/anvil[7]: statistics: y\n"
+    )
+    reconcilers(settings, "outbox.reconcilers.PostfixLogReconciler", POSTFIX_LOG=str(log))
+    report = Sweeper(policy="review").run_pass()
+    row.refresh_from_db()
+    if in_log:
+        assert report.reconciled_requeued == 1 and row.status == Status.QUEUED
+        [(outcome, _actor, evidence)] = log_of(row)
+        assert outcome == "requeued" and other.message_id in evidence
+    else:
+        assert report.reconciled_requeued == 0 and row.status == Status.ABANDONED
+        assert log_of(row) == []
 
 
 def test_a_row_claimed_again_meanwhile_is_not_settled(settings):

@@ -42,6 +42,11 @@ class Question:
     ``started_at`` is when the lost attempt began (the row's
     ``processing_started_at``), ``abandoned_at`` when the sweeper gave up on
     it: the server's record of the handover, if any, lies between the two.
+    ``worker_id`` is the worker incarnation that made the attempt and
+    ``mailer`` the email's mailer ("" = the worker's default target): within
+    one incarnation a mailer always hands over to the same server, so the
+    incarnation's other sent rows through that mailer show which server's
+    record is the one to read (:mod:`outbox.reconcilers.evidence`).
     """
 
     delivery_id: int
@@ -49,6 +54,8 @@ class Question:
     recipient: str
     started_at: datetime | None
     abandoned_at: datetime
+    worker_id: str = ""
+    mailer: str = ""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,12 @@ queue; a delivery agent (``smtp``, ``lmtp``, ``local``, ``virtual``, ``pipe``)
 line gives each recipient's fate. Rotated files (``mail.log.1``,
 ``mail.log.2.gz``, ``mail.log-20261122``) are read too, oldest first, as far
 back as the oldest question needs.
+
+Traditional timestamps carry no zone. Syslog (and Postfix's own
+``maillog_file``) writes them in the host's zone, which is not the zone of a
+Django process: Django sets ``TZ`` from ``settings.TIME_ZONE``. So they are
+read in the zone given by the caller, by default the host's
+(:func:`host_zone`), never the process's.
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ import gzip
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta, tzinfo
 from pathlib import Path
 from typing import IO
+from zoneinfo import ZoneInfo
 
 # "<timestamp> <host> postfix[-instance]/[service/]agent[pid]: QUEUEID: rest"
 _LINE = re.compile(
@@ -66,24 +73,46 @@ class LogScan:
         if self.last is None or at > self.last:
             self.last = at
 
+    def accepted(self, message_id: str) -> bool:
+        """Whether Postfix committed the message to its queue or delivered it."""
+        return any(
+            qid in self.committed or qid in self.statuses
+            for qid in self.queue_ids.get(message_id, [])
+        )
 
-def parse_timestamp(text: str, now: datetime) -> datetime | None:
+
+def host_zone(localtime: Path = Path("/etc/localtime")) -> tzinfo:
+    """The host's zone, as syslog uses it (``/etc/localtime``); UTC without one.
+
+    Not ``datetime.astimezone()``: that is the process's zone, which Django
+    sets from ``settings.TIME_ZONE``.
+    """
+    try:
+        with localtime.open("rb") as handle:
+            return ZoneInfo.from_file(handle, key=str(localtime))
+    except (OSError, ValueError):
+        return UTC
+
+
+def parse_timestamp(text: str, now: datetime, zone: tzinfo | None = None) -> datetime | None:
     """An aware datetime for a syslog timestamp; ``now`` (aware) supplies the year.
 
-    Traditional timestamps carry no year and no zone: they are this host's
-    local time, in the latest year that does not put them more than a day
-    in the future (a log read in January holds December's lines).
+    Traditional timestamps carry no year and no zone: they are read in
+    ``zone`` (default: :func:`host_zone`), in the latest year that does not
+    put them more than a day in the future (a log read in January holds
+    December's lines).
     """
+    zone = zone or host_zone()
     try:
         if text[0].isdigit():
             parsed = datetime.fromisoformat(text)
-            return parsed if parsed.tzinfo else parsed.astimezone()
+            return parsed if parsed.tzinfo else parsed.replace(tzinfo=zone)
         naive = datetime.strptime(f"{now.year} {text}", "%Y %b %d %H:%M:%S")
     except ValueError:
         return None
-    local = naive.astimezone()
+    local = naive.replace(tzinfo=zone)
     if local > now + timedelta(days=1):
-        local = naive.replace(year=now.year - 1).astimezone()
+        local = local.replace(year=now.year - 1)
     return local
 
 
@@ -108,22 +137,25 @@ def _open(path: Path) -> IO[str]:
     return path.open(encoding="utf-8", errors="replace")
 
 
-def _first_time(path: Path, now: datetime) -> datetime | None:
+def _first_time(path: Path, now: datetime, zone: tzinfo) -> datetime | None:
     """The timestamp of the file's first Postfix line (cheap: stops there)."""
     with _open(path) as handle:
         for line in handle:
             match = _LINE.match(line)
             if match:
-                return parse_timestamp(match["ts"], now)
+                return parse_timestamp(match["ts"], now, zone)
     return None
 
 
-def files_to_read(path: Path, since: datetime, now: datetime) -> list[Path]:
+def files_to_read(
+    path: Path, since: datetime, now: datetime, zone: tzinfo | None = None
+) -> list[Path]:
     """The files, oldest first, that reach back to ``since`` (or all there are)."""
+    zone = zone or host_zone()
     chosen: list[Path] = []
     for candidate in log_files(path):
         chosen.append(candidate)
-        first = _first_time(candidate, now)
+        first = _first_time(candidate, now, zone)
         if first is not None and first <= since:
             break
     return list(reversed(chosen))
@@ -135,14 +167,18 @@ def _lines(files: Iterable[Path]) -> Iterator[str]:
             yield from handle
 
 
-def scan(path: Path, message_ids: set[str], since: datetime, now: datetime) -> LogScan:
+def scan(
+    path: Path, message_ids: set[str], since: datetime, now: datetime, zone: tzinfo | None = None
+) -> LogScan:
     """One pass over the log files for all ``message_ids`` at once.
 
     Files are read oldest first, so a queue id's ``cleanup`` line comes before
     its delivery lines and only the queue ids of asked messages are kept.
+    Zone-less timestamps are read in ``zone`` (default: the host's).
     """
     result = LogScan()
-    files = files_to_read(path, since, now)
+    zone = zone or host_zone()
+    files = files_to_read(path, since, now, zone)
     result.files = [str(f) for f in files]
     wanted: dict[str, str] = {}  # queue id -> Message-ID
     for line in _lines(files):
@@ -151,7 +187,7 @@ def scan(path: Path, message_ids: set[str], since: datetime, now: datetime) -> L
         match = _LINE.match(line.rstrip("\n"))
         if not match:
             continue
-        at = parse_timestamp(match["ts"], now)
+        at = parse_timestamp(match["ts"], now, zone)
         if at is None:
             continue
         result.note_time(at)

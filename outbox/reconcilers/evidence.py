@@ -1,0 +1,85 @@
+"""Which server's record can answer for an abandoned row: its worker's other handovers.
+
+A sweeper may run on any host, and a worker may hand its mail to a remote
+relay, so a mail log that lacks a Message-ID proves nothing by itself: it
+may be another server's log. Within one worker incarnation a mailer's target
+is fixed (the settings are read once per process), so the incarnation's
+other rows through the same mailer that were marked ``sent`` went to the
+same server as the lost attempt. A log that shows some of them is that
+server's log; one that shows none of them, or a worker that handed nothing
+else over, proves nothing.
+
+One query per sweep pass, over the ``sent_at`` index: no per-email work, and
+nothing on the worker's path.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
+
+from ..models import Delivery
+from . import Question
+
+# How far before an attempt a sibling handover may lie, and how many of the
+# latest an incarnation's mailer contributes: one found in the log is enough.
+LOOKBACK = timedelta(hours=1)
+PER_MAILER = 10
+
+
+@dataclass(frozen=True)
+class Handover:
+    """A delivery the same incarnation marked sent through the same mailer."""
+
+    message_id: str
+    sent_at: datetime
+
+
+Key = tuple[str, str]  # (worker incarnation, mailer)
+
+
+def handovers(
+    questions: Sequence[Question], lookback: timedelta = LOOKBACK, per_mailer: int = PER_MAILER
+) -> dict[Key, list[Handover]]:
+    """The latest sent rows of each asked incarnation and mailer, newest first.
+
+    Only rows sent from ``lookback`` before the incarnation's first asked
+    attempt until its last abandonment: near the attempt, so the log read for
+    the attempt holds them if it is the right log.
+    """
+    windows: dict[str, tuple[datetime, datetime]] = {}
+    for q in questions:
+        if not q.worker_id:
+            continue
+        lo = (q.started_at or q.abandoned_at) - lookback
+        old_lo, old_hi = windows.get(q.worker_id, (lo, q.abandoned_at))
+        windows[q.worker_id] = (min(old_lo, lo), max(old_hi, q.abandoned_at))
+    if not windows:
+        return {}
+    match = Q()
+    for worker_id, (lo, hi) in windows.items():
+        match |= Q(worker_id=worker_id, sent_at__gte=lo, sent_at__lte=hi)
+    rows = (
+        Delivery.objects.filter(match, status=Delivery.Status.SENT)
+        .annotate(
+            via=F("email__mailer"),
+            rank=Window(
+                RowNumber(),
+                partition_by=[F("worker_id"), F("email__mailer")],
+                order_by=F("sent_at").desc(),
+            ),
+        )
+        .filter(rank__lte=per_mailer)
+        .order_by("-sent_at")
+        .values_list("worker_id", "via", "message_id", "sent_at")
+    )
+    found: dict[Key, list[Handover]] = {}
+    for worker_id, mailer, message_id, sent_at in rows:
+        if sent_at is None:  # excluded by the filter; for the type checker
+            continue
+        found.setdefault((worker_id, mailer or ""), []).append(Handover(message_id, sent_at))
+    return found
