@@ -37,6 +37,10 @@ server by ``OUTBOX["SEND_TIMEOUT"]`` (see its docstring): a server that
 accepts the connection and never answers holds a sending thread for about
 that long, not forever.
 
+**Never silent.** A delivery connection is always used with
+``fail_silently`` off (:func:`never_silent`), even when its options turn it
+on: a swallowed refusal could be neither failed nor suppressed.
+
 **Ambiguous outcomes.** When the connection breaks or times out after the
 whole message was handed over (after SMTP's final ``.``, before the server's
 reply), the server may have the message; resending it could deliver it twice.
@@ -144,6 +148,7 @@ def get_delivery_connection() -> BaseEmailBackend:
     else:
         backend = mail.get_connection()
     _limit_timeout(backend, limit)
+    never_silent(backend)
     return backend
 
 
@@ -181,6 +186,20 @@ def _limit_timeout(backend: BaseEmailBackend, limit: float) -> None:
             backend.timeout = limit  # type: ignore[attr-defined]
         except AttributeError:  # a read-only property: the backend manages it itself
             logger.debug("cannot set %s.timeout", type(backend).__name__)
+
+
+def never_silent(backend: BaseEmailBackend) -> None:
+    """Turn ``fail_silently`` off on a delivery connection, whatever its options said.
+
+    A silent backend swallows a 550 at RCPT and reports the message as not
+    sent: the worker could only retry it blindly, never fail it or suppress
+    the recipient. Check ``outbox.W011`` tells the project the option is
+    ignored here.
+    """
+    try:
+        backend.fail_silently = False
+    except AttributeError:  # a read-only property: the backend manages it itself
+        logger.debug("cannot set %s.fail_silently", type(backend).__name__)
 
 
 class OutboxBackend(BaseEmailBackend):

@@ -30,6 +30,7 @@ outbox.W009 no ``DjangoTemplates`` engine: ``enqueue_template`` cannot find temp
 outbox.E012 ``OUTBOX["BACKENDS"]``: not a dict, or an entry malformed, unimportable or the outbox
 outbox.E013 ``OUTBOX["RATE_LIMITS"]`` has a ``mailer:<alias>`` key no email can name
 outbox.E014 ``OUTBOX["BACKENDS"]`` is set, but ``MAILERS`` is in use (Django 6.1)
+outbox.W011 a delivery backend's ``OPTIONS`` set ``fail_silently``, which the worker ignores
 ========== ==============================================================
 """
 
@@ -44,6 +45,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.urls import NoReverseMatch, reverse
 from django.utils.module_loading import import_string
 
+from . import checks_reconcilers  # noqa: F401  (registers outbox.W010)
 from .conf import ABANDONED_POLICIES, DEFAULTS, outbox_settings
 
 
@@ -357,3 +359,13 @@ def _check_mailers(raw: dict[str, Any]) -> list[CheckMessage]:
     from .checks_mailers import check_mailers
 
     return check_mailers(raw)
+
+
+@register()
+def check_silent_delivery(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W011: ``fail_silently`` on a delivery backend is ignored (a refusal must be seen)."""
+    from .checks_mailers import check_silent_delivery
+
+    return check_silent_delivery()

@@ -1,14 +1,15 @@
 """System checks for a mailer per email (see ``checks.py`` and ``mailers.py``).
 
 Kept apart from ``checks.py`` so that each module holds one concern; the ids
-(``outbox.E012`` to ``E014``) are listed in ``checks.py``'s table.
+(``outbox.E012`` to ``E014``, ``W011``) are listed in ``checks.py``'s table.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from django.core.checks import CheckMessage, Error
+from django.conf import settings
+from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from .backends import OutboxBackend, _uses_mailers
@@ -95,3 +96,48 @@ def _mailer_limit_errors(raw: dict[str, Any]) -> list[CheckMessage]:
                 )
             )
     return errors
+
+
+def check_silent_delivery() -> list[CheckMessage]:
+    """W011: a delivery backend configured with ``fail_silently``, which the worker ignores."""
+    raw = getattr(settings, "OUTBOX", {})
+    if not isinstance(raw, dict):
+        return []  # outbox.E001
+    entries: dict[str, Any] = {}
+    if _uses_mailers():
+        configured = getattr(settings, "MAILERS", {})
+        if isinstance(configured, dict):
+            entries = {f"MAILERS[{a!r}]": c for a, c in configured.items() if isinstance(c, dict)}
+    else:
+        backends = raw.get("BACKENDS", DEFAULTS["BACKENDS"])
+        if isinstance(backends, dict):
+            entries = {
+                f"OUTBOX['BACKENDS'][{a!r}]": c for a, c in backends.items() if isinstance(c, dict)
+            }
+    silent = [
+        where
+        for where, config in entries.items()
+        if isinstance(config.get("OPTIONS"), dict)
+        and config["OPTIONS"].get("fail_silently")
+        and _delivers(where, config)
+    ]
+    return [
+        Warning(
+            f"{where} sets fail_silently; the outbox worker ignores it and delivers with "
+            "fail_silently=False, so that a refusal is seen (failed, suppressed) and not lost.",
+            hint="Remove fail_silently from its OPTIONS.",
+            id="outbox.W011",
+        )
+        for where in silent
+    ]
+
+
+def _delivers(where: str, config: dict[str, Any]) -> bool:
+    """Whether the worker may deliver through this entry (not the outbox backend itself)."""
+    if where.startswith("MAILERS") and config.get("BACKEND") is None:
+        return True  # Django's default: SMTP
+    try:
+        backend_class = import_string(str(config.get("BACKEND")))
+    except Exception:
+        return False  # outbox.E007 / E012
+    return not (isinstance(backend_class, type) and issubclass(backend_class, OutboxBackend))

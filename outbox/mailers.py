@@ -54,6 +54,7 @@ from .backends import (
     _limit_timeout,
     _uses_mailers,
     get_delivery_connection,
+    never_silent,
 )
 from .conf import outbox_settings
 
@@ -118,7 +119,8 @@ def delivery_mailers() -> list[str]:
 def get_connection(alias: str) -> BaseEmailBackend:
     """A new delivery connection of mailer ``alias`` (``""``: the default target).
 
-    Its waits are bounded by ``SEND_TIMEOUT`` by the rules of
+    It never fails silently (:func:`outbox.backends.never_silent`). Its
+    waits are bounded by ``SEND_TIMEOUT`` by the rules of
     :func:`outbox.backends.get_delivery_connection`; a ``BACKENDS`` entry
     whose options set no ``timeout`` and whose instances show none is created
     again with ``timeout=SEND_TIMEOUT`` when its constructor takes it. Raises
@@ -150,4 +152,5 @@ def get_connection(alias: str) -> BaseEmailBackend:
     if isinstance(backend, OutboxBackend):
         raise ImproperlyConfigured(f"the mailer {alias!r} is the outbox itself, not a delivery")
     _limit_timeout(backend, limit)
+    never_silent(backend)
     return backend

@@ -11,7 +11,7 @@ import django
 import pytest
 
 from outbox.backends import HAS_MAILERS, OutboxBackend
-from outbox.checks import check_outbox_settings
+from outbox.checks import check_outbox_settings, check_silent_delivery
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
@@ -288,3 +288,29 @@ def test_e019_sentinel_options(settings, options, fragment):
     settings.CACHES = {**settings.CACHES, "default": {**SENTINEL, "OPTIONS": merged}}
     [error] = check_outbox_settings()
     assert error.id == "outbox.E019" and fragment in error.msg
+
+
+def silent_warnings() -> list[str]:
+    return [m.msg for m in check_silent_delivery() if m.id == "outbox.W011"]
+
+
+def test_w011_fail_silently_on_a_delivery_backend_is_reported_as_ignored(settings):
+    silent = {"BACKEND": SMTP, "OPTIONS": {"host": "localhost", "fail_silently": True}}
+    if HAS_MAILERS:
+        settings.MAILERS = {**settings.MAILERS, "bulk": silent, "quiet": {**silent}}
+        settings.MAILERS["quiet"]["OPTIONS"] = {"fail_silently": False}
+    else:
+        outbox(settings, BACKENDS={"bulk": silent, "quiet": SMTP})
+    [message] = silent_warnings()
+    assert "'bulk'" in message and "ignores it" in message
+    assert "outbox.W011" not in ids()  # a warning of its own, not of check_outbox_settings
+
+
+def test_w011_not_for_the_outbox_backend_itself(settings):
+    if not HAS_MAILERS:
+        pytest.skip("MAILERS needs Django 6.1")
+    settings.MAILERS = {
+        **settings.MAILERS,
+        "default": {"BACKEND": OUTBOX_BACKEND, "OPTIONS": {"fail_silently": True}},
+    }
+    assert silent_warnings() == []

@@ -16,12 +16,12 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from outbox import enqueue_email, enqueue_many, enqueue_template, suppress, unsuppress
-from outbox.backends import OutboxBackend
+from outbox.backends import HAS_MAILERS, OutboxBackend
 from outbox.models import Delivery, EmailTemplate, Suppression
 from outbox.suppression import add_refused
 from outbox.worker import Worker
 from tests.servers import SMTPRecorder
-from tests.test_send_timeout import use_smtp
+from tests.test_send_timeout import SMTP, use_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -239,3 +239,38 @@ def test_the_migration_rewrites_unicode_rows_and_drops_duplicates():
     migration.encode_domains(apps, SimpleNamespace(connection=connection))
     rows = dict(Suppression.objects.values_list("address", "reason"))
     assert rows == {PUNYCODE: "refused", "other@example.com": "", "a@strasse.de": ""}
+
+
+# -- a delivery backend configured with fail_silently -----------------------------------
+
+
+@pytest.mark.parametrize("via", ["worker's mailer", "email's mailer"])
+def test_a_silent_delivery_backend_still_fails_and_suppresses_a_550(settings, via):
+    if via == "worker's mailer" and not HAS_MAILERS:
+        pytest.skip("Django 5.2 creates OUTBOX['EMAIL_BACKEND'] without options")
+    server = SMTPRecorder(refuse={"gone@example.com": "550 5.1.1 no such user"}).start()
+    try:
+        # A retry would be an hour away: a swallowed refusal would leave the row queued.
+        use_smtp(settings, server.port, 5.0, SEND_TIMEOUT=5.0, RETRY_BACKOFF=(3600.0, 3600.0))
+        silent = {
+            "BACKEND": SMTP,
+            "OPTIONS": {"host": "127.0.0.1", "port": server.port, "fail_silently": True},
+        }
+        mailer = None
+        if via == "worker's mailer":
+            settings.MAILERS = {**settings.MAILERS, "delivery": silent}
+        elif HAS_MAILERS:
+            settings.MAILERS = {**settings.MAILERS, "quiet": silent}
+            mailer = "quiet"
+        else:
+            settings.OUTBOX = {**settings.OUTBOX, "BACKENDS": {"quiet": silent}}
+            mailer = "quiet"
+        [row] = enqueue_email("Hi", "Body", None, ["gone@example.com"], mailer=mailer)
+        run_worker()
+    finally:
+        server.stop()
+    row.refresh_from_db()
+    assert row.status == Status.FAILED and "550" in row.last_error
+    assert list(Suppression.objects.values_list("address", "source")) == [
+        ("gone@example.com", Suppression.Source.REFUSAL)
+    ]
