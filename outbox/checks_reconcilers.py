@@ -1,0 +1,141 @@
+"""System check ``outbox.W010``: a log reconciler whose log cannot be the delivery target's.
+
+``PostfixLogReconciler`` (or a subclass) reads a mail log on the sweeper's
+host. When the worker hands its mail over by SMTP to another host, that log
+is not the handover's: the reconciler can then settle nothing as "not sent"
+(it answers "unknown", see :mod:`outbox.reconcilers.evidence`) and finds
+"sent" only by chance. The check names each remote SMTP target: the worker's
+default one and each delivery mailer's (``MAILERS`` on Django 6.1, else
+``OUTBOX["BACKENDS"]``). Registered on import from ``checks.py``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import warnings
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from django.conf import settings
+from django.core.checks import CheckMessage, Warning, register
+from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
+from django.utils.module_loading import import_string
+
+from .backends import _uses_mailers, delivery_backend_path
+from .conf import outbox_settings
+from .mailers import backend_path, is_delivery_mailer, names, parse_entry
+from .reconcilers import PostfixLogReconciler
+
+LOCAL_NAMES = frozenset({"", "localhost", "localhost.localdomain", "ip6-localhost"})
+
+
+@register()
+def check_log_reconciler_targets(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """W010: a log reconciler is configured, but the worker delivers by SMTP to another host."""
+    readers = _log_reconcilers()
+    if not readers:
+        return []
+    remote = sorted(
+        {f"{target} ({host})" for target, host in _smtp_targets() if not is_local(host)}
+    )
+    if not remote:
+        return []
+    return [
+        Warning(
+            f"OUTBOX['RECONCILERS'] lists {', '.join(readers)}, which reads this host's mail "
+            f"log, but the worker hands mail over by SMTP to another host: {'; '.join(remote)}. "
+            "That log is not the one of the server that took the message: such rows are "
+            "left for a person.",
+            hint="Deliver through the local Postfix (SMTP to localhost or sendmail), or run "
+            "the sweeper with the reconciler on the relay host, reading its log.",
+            id="outbox.W010",
+        )
+    ]
+
+
+def _log_reconcilers() -> list[str]:
+    """The configured reconcilers that read a local mail log (unimportable ones: E015)."""
+    paths = outbox_settings.user_settings.get("RECONCILERS")
+    if not isinstance(paths, list | tuple):
+        return []
+    found = []
+    for path in paths:
+        try:
+            cls = import_string(str(path))
+        except Exception:  # outbox.E015 says why
+            continue
+        if isinstance(cls, type) and issubclass(cls, PostfixLogReconciler):
+            found.append(str(path))
+    return found
+
+
+def _smtp_targets() -> Iterator[tuple[str, str]]:
+    """(what, host) of each SMTP target the worker may deliver to."""
+    try:
+        default_path = delivery_backend_path()
+    except Exception:  # outbox.E007 says why
+        default_path = ""
+    if _is_smtp(default_path):
+        yield "the worker's default target", _host(_default_options())
+    default_alias = outbox_settings.MAILER or "default"
+    for alias in names():
+        if not is_delivery_mailer(alias) or (alias == default_alias and not _default_is_setting()):
+            continue  # the outbox itself, or the default target, named above
+        try:
+            path, options = backend_path(alias), _mailer_options(alias)
+        except Exception:  # a malformed entry: outbox.E012
+            continue
+        if _is_smtp(path):
+            yield f"mailer {alias!r}", _host(options)
+
+
+def _default_is_setting() -> bool:
+    """Whether the default target is configured by settings, not by a MAILERS entry."""
+    return bool(outbox_settings.EMAIL_BACKEND) or not _uses_mailers()
+
+
+def _default_options() -> dict[str, Any]:
+    """The OPTIONS of the worker's default target: a MAILERS entry's, or none (settings)."""
+    if _default_is_setting():
+        return {}
+    alias = outbox_settings.MAILER or "default"
+    return dict(getattr(settings, "MAILERS", {}).get(alias, {}).get("OPTIONS", {}))
+
+
+def _mailer_options(alias: str) -> dict[str, Any]:
+    if _uses_mailers():
+        return dict(getattr(settings, "MAILERS", {})[alias].get("OPTIONS", {}))
+    return parse_entry(alias, outbox_settings.BACKENDS[alias])[1]
+
+
+def _is_smtp(path: str) -> bool:
+    try:
+        cls = import_string(path) if path else None
+    except Exception:
+        return False
+    return isinstance(cls, type) and issubclass(cls, SMTPBackend)
+
+
+def _host(options: dict[str, Any]) -> str:
+    if "host" in options:
+        return str(options["host"] or "")
+    with warnings.catch_warnings():
+        # Django 6.1 warns on any read of the deprecated EMAIL_* settings.
+        warnings.simplefilter("ignore")
+        return str(getattr(settings, "EMAIL_HOST", "localhost") or "")
+
+
+def is_local(host: str) -> bool:
+    """Loopback, localhost or this host's own name: its mail log is this host's."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name in LOCAL_NAMES or name.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        pass
+    own = socket.gethostname().lower()
+    return name in (own, own.split(".", 1)[0])

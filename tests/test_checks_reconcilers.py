@@ -1,0 +1,108 @@
+"""outbox.W010: a log reconciler while the worker hands mail over by SMTP to another host."""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+from django.core.checks import run_checks
+
+from outbox.backends import HAS_MAILERS
+from outbox.checks_reconcilers import check_log_reconciler_targets, is_local
+from outbox.reconcilers import PostfixLogReconciler
+
+SMTP = "django.core.mail.backends.smtp.EmailBackend"
+LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
+OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
+POSTFIX = "outbox.reconcilers.PostfixLogReconciler"
+
+pytestmark = pytest.mark.filterwarnings(
+    "error::DeprecationWarning", "error::PendingDeprecationWarning"
+)
+
+
+class MyPostfix(PostfixLogReconciler):
+    """A project's own subclass still reads a local log."""
+
+
+def warnings_() -> list[str]:
+    return [m.msg for m in check_log_reconciler_targets() if m.id == "outbox.W010"]
+
+
+def configure(settings, host: str | None, *, reconciler: str = POSTFIX, mailers=None) -> None:
+    """The worker's default target: SMTP to ``host`` (None: locmem); ``mailers``: alias -> entry."""
+    settings.OUTBOX = {**settings.OUTBOX, "RECONCILERS": [reconciler], "POSTFIX_LOG": "/x"}
+    default = {"BACKEND": SMTP, "OPTIONS": {"host": host}} if host is not None else LOCMEM
+    if HAS_MAILERS:
+        delivery = default if isinstance(default, dict) else {"BACKEND": default}
+        settings.MAILERS = {
+            "default": {"BACKEND": OUTBOX_BACKEND},
+            "delivery": delivery,
+            **(mailers or {}),
+        }
+    else:
+        settings.OUTBOX = {
+            **settings.OUTBOX,
+            "EMAIL_BACKEND": SMTP if host is not None else LOCMEM,
+            "BACKENDS": mailers or {},
+        }
+        settings.EMAIL_HOST = host or "localhost"
+
+
+@pytest.mark.parametrize(
+    "host",
+    ["localhost", "LOCALHOST.", "127.0.0.1", "127.0.1.1", "::1", "[::1]", "", "mx.localhost"],
+)
+def test_loopback_and_localhost_are_local(host):
+    assert is_local(host)
+
+
+def test_this_hosts_own_name_is_local():
+    name = socket.gethostname()
+    assert is_local(name) and is_local(name.split(".")[0].upper())
+
+
+@pytest.mark.parametrize("host", ["smtp.example.com", "10.0.0.5", "2001:db8::1", "relay-42"])
+def test_other_hosts_are_not_local(host):
+    assert not is_local(host)
+
+
+def test_a_remote_default_target_warns(settings):
+    configure(settings, "smtp.example.com")
+    [message] = warnings_()
+    assert "smtp.example.com" in message and "default target" in message and POSTFIX in message
+
+
+def test_a_local_default_target_does_not_warn(settings):
+    configure(settings, "127.0.0.1")
+    assert warnings_() == []
+
+
+def test_a_subclass_counts_as_a_log_reconciler(settings):
+    configure(settings, "smtp.example.com", reconciler="tests.test_checks_reconcilers.MyPostfix")
+    [message] = warnings_()
+    assert "MyPostfix" in message
+
+
+def test_without_a_log_reconciler_nothing_warns(settings):
+    configure(settings, "smtp.example.com", reconciler="tests.test_reconcile.Scripted")
+    assert warnings_() == []
+    settings.OUTBOX = {**settings.OUTBOX, "RECONCILERS": []}
+    assert warnings_() == []
+
+
+def test_a_remote_mailer_warns_by_name(settings):
+    relay = {"BACKEND": SMTP, "OPTIONS": {"host": "relay.example.net", "port": 587}}
+    configure(settings, "localhost", mailers={"bulk": relay, "test": {"BACKEND": LOCMEM}})
+    [message] = warnings_()
+    assert "mailer 'bulk' (relay.example.net)" in message and "default target" not in message
+
+
+def test_a_backend_that_is_not_smtp_does_not_warn(settings):
+    configure(settings, None)
+    assert warnings_() == []
+
+
+def test_the_check_is_registered(settings):
+    configure(settings, "smtp.example.com")
+    assert "outbox.W010" in [m.id for m in run_checks()]
