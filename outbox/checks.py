@@ -25,6 +25,7 @@ outbox.E017 ``PostfixLogReconciler`` is listed but ``OUTBOX["POSTFIX_LOG"]`` is 
 outbox.W007 ``OUTBOX["POSTFIX_LOG"]`` cannot be read on this host
 outbox.E018 the outbox's cache uses ``ClusterClient`` with a LOCATION a cluster cannot have
 outbox.E019 the outbox's cache uses django-redis' ``SentinelClient`` without sentinels
+outbox.E021 the outbox's Redis has an ``allkeys-*`` ``maxmemory-policy`` (``check --deploy``)
 outbox.E020 ``OUTBOX["SUPPRESS_ON_REFUSAL"]`` is not a bool
 outbox.W009 no ``DjangoTemplates`` engine: ``enqueue_template`` cannot find templates
 outbox.E012 ``OUTBOX["BACKENDS"]``: not a dict, or an entry malformed, unimportable or the outbox
@@ -298,6 +299,16 @@ def _check_topology_and_reconcilers(raw: dict[str, Any]) -> list[CheckMessage]:
     from .checks_topology import check_reconcilers, check_redis_topology
 
     return check_redis_topology() + check_reconcilers(raw)
+
+
+@register(Tags.caches, deploy=True)
+def check_redis_eviction(
+    app_configs: Sequence[Any] | None = None, **kwargs: Any
+) -> list[CheckMessage]:
+    """E021: an evicting Redis breaks the protocol. Deploy only: it asks the server."""
+    from .checks_topology import check_redis_eviction
+
+    return check_redis_eviction()
 
 
 @register(Tags.urls)

@@ -1,7 +1,7 @@
 """System checks for Redis Sentinel / Cluster and for the reconcilers (see ``checks.py``).
 
 Kept apart from ``checks.py`` so that each module holds one concern; the ids
-(``outbox.E015`` to ``E019``, ``W007``) are listed in ``checks.py``'s table.
+(``outbox.E015`` to ``E019``, ``E021``, ``W007``) are listed in ``checks.py``'s table.
 """
 
 from __future__ import annotations
@@ -91,6 +91,55 @@ def _check_sentinel(options: dict[str, Any]) -> list[CheckMessage]:
             id="outbox.E019",
         )
     ]
+
+
+def check_redis_eviction() -> list[CheckMessage]:
+    """E021: the outbox's Redis may evict any key (``maxmemory-policy allkeys-*``).
+
+    Asks the server itself (``CONFIG GET``). Says nothing when it cannot ask:
+    the cache is not a django-redis one (E002 / E003), Redis is unreachable
+    (the worker and ``outbox_status`` report that), or ``CONFIG`` is disabled
+    or renamed, as managed Redis services often do.
+    """
+    config = getattr(settings, "CACHES", {}).get(outbox_settings.REDIS_CACHE)
+    if not isinstance(config, dict) or not str(config.get("BACKEND", "")).startswith(
+        "django_redis."
+    ):
+        return []
+    from .queue import get_connection
+
+    try:
+        reply = get_connection().config_get("maxmemory-policy")
+    except Exception:
+        return []
+    evicting = sorted({p for p in _policies(reply) if p.startswith("allkeys-")})
+    if not evicting:
+        return []
+    return [
+        Error(
+            f"The outbox's Redis (cache {outbox_settings.REDIS_CACHE!r}) has maxmemory-policy "
+            f"{', '.join(evicting)}: when it runs out of memory it may evict the workers' "
+            "registrations, claims and dead markers, and the outbox loses track of mail in "
+            "flight.",
+            hint="Set maxmemory-policy to noeviction (a volatile-* policy is safe too: it "
+            "evicts only keys with a TTL, which for the outbox are the sweeper's lease and "
+            "rate-limit counters), or give the outbox a Redis of its own.",
+            id="outbox.E021",
+        )
+    ]
+
+
+def _policies(reply: Any) -> list[str]:
+    """The policies in a CONFIG GET reply (a Redis Cluster client answers per node)."""
+    if not isinstance(reply, dict):
+        return []
+    found = []
+    for key, value in reply.items():
+        if isinstance(value, dict):
+            found += _policies(value)
+        elif (key.decode() if isinstance(key, bytes) else str(key)) == "maxmemory-policy":
+            found.append(value.decode() if isinstance(value, bytes) else str(value))
+    return found
 
 
 def check_reconcilers(raw: dict[str, Any]) -> list[CheckMessage]:

@@ -9,9 +9,12 @@ from pathlib import Path
 
 import django
 import pytest
+from django.core.checks import run_checks
 
 from outbox.backends import HAS_MAILERS, OutboxBackend
-from outbox.checks import check_outbox_settings, check_silent_delivery
+from outbox.checks import check_outbox_settings, check_redis_eviction, check_silent_delivery
+from outbox.queue import get_connection
+from tests.servers import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
@@ -314,3 +317,48 @@ def test_w011_not_for_the_outbox_backend_itself(settings):
         "default": {"BACKEND": OUTBOX_BACKEND, "OPTIONS": {"fail_silently": True}},
     }
     assert silent_warnings() == []
+
+
+# -- outbox.E021: an evicting Redis (asks the suite's real redis-server) ----------------
+
+
+def deploy_ids() -> list[str]:
+    return [m.id for m in run_checks(include_deployment_checks=True) if m.id.startswith("outbox")]
+
+
+@pytest.fixture
+def maxmemory_policy():
+    """Set the redis-server's maxmemory-policy for one test, then restore it."""
+    client = get_connection()
+    before = client.config_get("maxmemory-policy")["maxmemory-policy"]
+    yield lambda policy: client.config_set("maxmemory-policy", policy)
+    client.config_set("maxmemory-policy", before)
+
+
+@pytest.mark.parametrize("policy", ["allkeys-lru", "allkeys-lfu", "allkeys-random"])
+def test_e021_a_redis_that_may_evict_any_key(maxmemory_policy, policy):
+    maxmemory_policy(policy)
+    assert deploy_ids() == ["outbox.E021"]
+    [error] = check_redis_eviction()
+    assert policy in error.msg and "noeviction" in error.hint
+    assert "outbox.E021" not in [m.id for m in run_checks()]  # deploy checks only
+
+
+@pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-ttl"])
+def test_no_e021_for_a_policy_that_spares_the_outbox_keys(maxmemory_policy, policy):
+    maxmemory_policy(policy)
+    assert check_redis_eviction() == []
+
+
+def test_no_e021_when_redis_cannot_be_asked(settings, maxmemory_policy):
+    maxmemory_policy("allkeys-lru")  # the suite's server would be reported; this one is away
+    settings.CACHES = {
+        **settings.CACHES,
+        "away": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{free_port()}/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1},
+        },
+    }
+    outbox(settings, REDIS_CACHE="away")
+    assert check_redis_eviction() == []
