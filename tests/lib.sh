@@ -1,6 +1,6 @@
 # Shell helpers shared by tests/run.sh (the test command), example_project/run.sh,
 # tests/chaos/run.sh and tests/benchmark/run.sh: find Python, make virtual
-# environments quietly, install redis-server, PostgreSQL, Chromium and faketime
+# environments quietly, install redis-server, PostgreSQL, Chromium, faketime and Postfix
 # with apt-get when missing, start servers on 127.0.0.1 and free ports, and stop
 # what was started, by pid (never by name).
 # shellcheck shell=bash
@@ -84,6 +84,16 @@ ensure_redis_server() {
 # faketime (Debian package faketime): tests that move a worker's clock need it.
 ensure_faketime() {
   command -v faketime >/dev/null 2>&1 || apt_install faketime
+}
+
+# Postfix (Debian package postfix), for tests against a real mail server's log
+# (tests/test_postfix_real.py, skipped without it). Preseeded so apt-get asks
+# nothing and leaves the host's mail setup unconfigured; the tests run a
+# private instance of their own.
+ensure_postfix() {
+  [ -x /usr/sbin/postfix ] && return 0
+  echo "postfix postfix/main_mailer_type select No configuration" | as_root debconf-set-selections
+  apt_install postfix || log "postfix could not be installed; its tests will be skipped"
 }
 
 # Chromium and its driver, for the admin's browser test (skipped without them).

@@ -17,7 +17,7 @@
 #
 # Installs what is missing: the virtual environments .venv and .venv-django61
 # (rebuilt only when pyproject.toml changes), and with apt-get redis-server,
-# PostgreSQL, Chromium (the admin's browser test) and faketime. Every server
+# PostgreSQL, Chromium (the admin's browser test), faketime and Postfix. Every server
 # listens on 127.0.0.1 on a free port and is stopped by pid when the script exits.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
@@ -36,6 +36,7 @@ if [[ "$MATRIX" == *6.1* ]]; then
 fi
 ensure_redis_server
 ensure_faketime
+ensure_postfix
 ensure_chromium
 
 if [ -z "${OUTBOX_TEST_SKIP_LINT:-}" ]; then
