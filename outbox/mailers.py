@@ -29,7 +29,8 @@ same mail settings to the hosts that enqueue and the hosts that send.
 
 **Connections.** Each sender thread holds one connection per mailer it has
 used (``outbox/worker/connections.py``): opened on first use, each with
-``SEND_TIMEOUT`` applied and the SMTP hand-over watched after every open,
+``SEND_TIMEOUT`` applied (to each whole send, on Django's SMTP backend) and
+the SMTP hand-over watched after every open,
 and closed on the same occasions as the default one.
 
 **Rate limits** may be keyed by mailer, ``"mailer:bulk": "10/s"``
@@ -57,6 +58,7 @@ from .backends import (
     never_silent,
 )
 from .conf import outbox_settings
+from .handover import bound_send_time
 
 # The keys of an OUTBOX["BACKENDS"] entry written as a dict.
 ENTRY_KEYS = frozenset({"BACKEND", "OPTIONS"})
@@ -123,12 +125,16 @@ def get_connection(alias: str) -> BaseEmailBackend:
     waits are bounded by ``SEND_TIMEOUT`` by the rules of
     :func:`outbox.backends.get_delivery_connection`; a ``BACKENDS`` entry
     whose options set no ``timeout`` and whose instances show none is created
-    again with ``timeout=SEND_TIMEOUT`` when its constructor takes it. Raises
+    again with ``timeout=SEND_TIMEOUT`` when its constructor takes it.
+    Django's SMTP backend is bounded as a whole as well: each open, send and
+    close within ``SEND_TIMEOUT`` (:func:`outbox.handover.bound_send_time`). Raises
     ``ImproperlyConfigured`` when this host's settings do not make ``alias``
     a delivery mailer.
     """
     if not alias:
-        return get_delivery_connection()
+        default = get_delivery_connection()
+        bound_send_time(default)
+        return default
     limit = outbox_settings.SEND_TIMEOUT
     backend: BaseEmailBackend
     if _uses_mailers():
@@ -153,4 +159,5 @@ def get_connection(alias: str) -> BaseEmailBackend:
         raise ImproperlyConfigured(f"the mailer {alias!r} is the outbox itself, not a delivery")
     _limit_timeout(backend, limit)
     never_silent(backend)
+    bound_send_time(backend)
     return backend
