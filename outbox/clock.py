@@ -15,6 +15,10 @@ whose own clock is minutes off neither looks dead nor sends late:
 
 Redis and the database are servers whose clocks an operator keeps in step
 (NTP); hosts that run workers need not be.
+
+The datetimes made here are what Django stores: aware UTC with ``USE_TZ =
+True``, naive in ``TIME_ZONE`` without (SQLite refuses an aware datetime
+then, and the ORM's naive values must compare with them).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from __future__ import annotations
 import time
 from datetime import datetime
 from datetime import timezone as dt_timezone
+
+from django.conf import settings
+from django.utils import timezone
 
 
 class RedisClock:
@@ -43,9 +50,13 @@ class RedisClock:
         return time.time() + self.offset
 
     def now(self) -> datetime:
-        """Redis time now, as an aware UTC datetime (what Django stores)."""
-        return datetime.fromtimestamp(self.time(), tz=dt_timezone.utc)
+        """Redis time now, as a datetime the way Django stores it (see above)."""
+        return from_timestamp(self.time())
 
 
 def from_timestamp(ts: float) -> datetime:
-    return datetime.fromtimestamp(ts, tz=dt_timezone.utc)
+    """Epoch seconds as a datetime the way Django stores it (see above)."""
+    moment = datetime.fromtimestamp(ts, tz=dt_timezone.utc)
+    if settings.USE_TZ:
+        return moment
+    return timezone.make_naive(moment, timezone.get_default_timezone())

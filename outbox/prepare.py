@@ -12,6 +12,7 @@ import mimetypes
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
+from datetime import timezone as dt_timezone
 from email.message import Message as MIMEMessage
 from functools import lru_cache
 from typing import Any
@@ -113,13 +114,24 @@ def prepare(
         reply_to=reply,
         headers=extra_headers,
         attachments=files,
-        send_at=send_at,
+        send_at=_stored(send_at),
         priority=priority,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
-        expires_at=expires_at,
+        expires_at=_stored(expires_at),
         mailer=mailer,
     )
+
+
+def _stored(moment: datetime | None) -> datetime | None:
+    """A validated (aware) time the way Django stores it: naive in TIME_ZONE without USE_TZ.
+
+    SQLite refuses an aware datetime when ``USE_TZ = False``; the caller's
+    time is the same instant either way.
+    """
+    if moment is None or settings.USE_TZ:
+        return moment
+    return timezone.make_naive(moment, timezone.get_default_timezone())
 
 
 @lru_cache(maxsize=64)
@@ -165,7 +177,8 @@ def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
     require_type("expires_at", expires_at, datetime, "a datetime")
     if timezone.is_naive(expires_at):
         raise field_error("expires_at", _("expires_at must be timezone-aware."), "naive")
-    if expires_at <= timezone.now():
+    # An aware now: timezone.now() is naive without USE_TZ.
+    if expires_at <= datetime.now(dt_timezone.utc):
         raise field_error("expires_at", _("expires_at is in the past."), "past")
     if send_at is not None and expires_at <= send_at:
         raise field_error(
