@@ -10,6 +10,13 @@ counts more ids than the lists hold (partial loss), when asked, and once per
 rows that became queued since the last pass, gated by the set, so it adds no
 id that is already waiting.
 
+An id in a live worker's processing list counts as held, but only for a
+while: a worker claims an id and marks its row within moments, unless an ack
+was lost (a claim replayed after a lost reply, a push that failed while the
+ack went through later). A queued row whose id stays in a live list longer
+than ``HELD_GRACE`` is pushed as missing, and a row that leaves a list while
+still queued is looked at by the next pass, however old its last change.
+
 Why pushing too much is safe: an id in Redis is only a hint. A duplicate or
 stale id is dropped by the claim UPDATE that finds its row not queued.
 """
@@ -19,7 +26,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 
 from .clock import from_timestamp
 from .conf import outbox_settings
@@ -32,6 +39,15 @@ BATCH = 1000
 # Rows whose last change is this close to the previous pass are checked again,
 # in case their transaction committed after that pass looked.
 MIRROR_MARGIN = 60.0
+
+
+def held_grace() -> float:
+    """How long a queued row's id may sit in a live processing list before it counts as missing.
+
+    Pushing it early is harmless (a duplicate), only wasteful: a worker marks
+    what it claims within a few sends.
+    """
+    return 2 * outbox_settings.HEARTBEAT_TIMEOUT
 
 
 class Mirror:
@@ -52,6 +68,7 @@ class Mirror:
             or now - float(state["full_at"]) > outbox_settings.MIRROR_FULL_SCAN_INTERVAL
             or self.queue.set_exceeds_lists()
         )
+        held, overdue, released = self._watch_held(now)
         if full:
             # Written first: if Redis loses its data during the scan, the marker
             # goes with it and the next pass checks everything again.
@@ -60,21 +77,46 @@ class Mirror:
             )
             if first:
                 logger.info("no mirror marker in Redis (first run, or Redis lost data): full check")
-            pushed = self._full_check()
+            pushed = self._full_check(held - overdue)
         else:
             since = float(state.get("checked_until", now)) - MIRROR_MARGIN
-            rows = Delivery.objects.queued().filter(updated_at__gte=from_timestamp(since))
-            held = self._held_by_live_workers()
+            recent = Q(updated_at__gte=from_timestamp(since)) | Q(pk__in=overdue | released)
+            rows = Delivery.objects.queued().filter(recent)
             pushed = 0
             for batch in self._batches(rows):
-                entries = [e for e in batch if e.id not in held]
+                entries = [e for e in batch if e.id not in held or e.id in overdue]
                 pushed += self.queue.push(entries)
         self.queue.redis.hset(self.queue.mirror_key, "checked_until", now)
         if pushed:
             logger.warning("re-mirrored %d queued deliveries Redis did not hold", pushed)
         return full, pushed
 
-    def _full_check(self) -> int:
+    def _watch_held(self, now: float) -> tuple[set[int], set[int], set[int]]:
+        """Ids in live processing lists; queued ones held past the grace; ones let go.
+
+        Returns (held, overdue, released): ``overdue`` are queued rows whose id
+        has been in a live list for longer than :func:`held_grace`, ``released``
+        queued rows watched at the last pass whose id has left every list.
+        """
+        held = self._held_by_live_workers()
+        before = self.queue.held_watch()
+        queued_held = (
+            set(Delivery.objects.queued().filter(pk__in=held).values_list("pk", flat=True))
+            if held
+            else set()
+        )
+        watch = {pk: before.get(pk, now) for pk in queued_held}
+        self.queue.set_held_watch(watch)
+        overdue = {pk for pk, since in watch.items() if now - since > held_grace()}
+        if overdue:
+            logger.warning(
+                "%d queued deliveries sat in a live worker's list for over %.0fs: pushed again",
+                len(overdue),
+                held_grace(),
+            )
+        return held, overdue, set(before) - held
+
+    def _full_check(self, held: set[int]) -> int:
         """Make Redis hold every queued row, trusting only what its lists hold.
 
         What is read first (ready lists, ``scheduled``, live processing lists)
@@ -83,7 +125,6 @@ class Mirror:
         twice: harmless. Set entries that wait nowhere are dropped last.
         """
         present = self.queue.waiting_ids()
-        held = self._held_by_live_workers()
         queued: set[int] = set()
         pushed = 0
         for batch in self._batches(Delivery.objects.queued()):

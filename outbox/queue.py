@@ -23,6 +23,8 @@ and scripts stay legal on Redis Cluster:
 ``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
+``{p}:mirror-held``            hash: queued rows whose id sat in a live worker's
+                               processing list at the last pass -> since when
 ``{p}:control``                hash: the operator's pause switches and the domains
                                slowed down by their servers (``control.py``)
 ``{p}:rate:<key>``, ``{p}:rate-held:<key>``
@@ -100,6 +102,13 @@ def _entry_args(entries: Iterable[QueueEntry]) -> list[Any]:
     return args
 
 
+def _socket_timeout(client: Redis) -> float | None:
+    """The socket timeout a client's connections read with (None: they wait for ever)."""
+    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
+    value = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
+    return float(value) if value else None
+
+
 def _decode(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -131,6 +140,7 @@ class RedisQueue:
         self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
         self.mirror_key = f"{tag}:mirror"
+        self.mirror_held_key = f"{tag}:mirror-held"
         self.control_key = f"{tag}:control"
         self.reconcile_key = f"{tag}:reconcile-asked"
         self.sent_total_key = f"{tag}:sent-total"
@@ -250,6 +260,12 @@ class RedisQueue:
         Only a wake-up token is taken here; the claim that follows is a script,
         so no id ever sits between a list and the dedup set's bookkeeping.
         """
+        # A BLPOP longer than the client's socket timeout would be cut by the
+        # client ("Timeout reading from socket"): wait less and let the caller
+        # look again, leaving a second (or half the limit) for the reply.
+        limit = _socket_timeout(self.redis)
+        if limit is not None:
+            timeout = min(timeout, max(limit - 1.0, limit / 2))
         # BLPOP takes a fractional timeout (Redis >= 6); redis-py types it as int.
         return self.redis.execute_command("BLPOP", self.wake_key, timeout) is not None
 
@@ -306,6 +322,19 @@ class RedisQueue:
         """The sweeper's bookkeeping hash, decoded."""
         raw = cast(dict[bytes, bytes], self.redis.hgetall(self.mirror_key))
         return {_decode(k): _decode(v) for k, v in raw.items()}
+
+    def held_watch(self) -> dict[int, float]:
+        """Queued rows seen in a live processing list by the last pass -> first seen."""
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(self.mirror_held_key))
+        return {int(k): float(v) for k, v in raw.items()}
+
+    def set_held_watch(self, watch: dict[int, float]) -> None:
+        """Replace the watch list with ``watch`` (one transaction)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.delete(self.mirror_held_key)
+        if watch:
+            pipe.hset(self.mirror_held_key, mapping={str(k): v for k, v in watch.items()})
+        pipe.execute()
 
     def processing_ids(self, worker_id: str) -> list[int]:
         return [int(i) for i in self.redis.lrange(self.processing_key(worker_id), 0, -1)]

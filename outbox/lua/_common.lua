@@ -8,7 +8,7 @@
 --   KEYS[8] wake      list  tokens that wake blocked workers (BLPOP): ids are ready, or one
 --                           was scheduled earlier than any before it
 --   KEYS[9] processing:<incarnation>  list (only for scripts about one worker)
---   KEYS[10] claims:<incarnation>     hash thread -> "nonce|id,prio,..." (its last claim)
+--   KEYS[10] claims:<incarnation>     hash thread -> "nonce|acks applied|id,prio,..." (its last claim)
 -- Priorities are 1 (high), 2 (normal), 3 (low); the ready list is KEYS[2 + prio].
 --
 -- The one clock: every time these scripts compare or record comes from Redis'
