@@ -32,8 +32,8 @@ The steps (rules), each through the code path the app itself uses:
     *crash*: the process dies where it stands (after a claim, a mark, a send,
     or idle): its loop is abandoned and its heartbeat goes stale. *stall*: it
     freezes for longer than the heartbeat timeout and resumes (its heartbeat
-    goes stale and its monotonic clock jumps, so the lease check before a
-    send sees the time that passed). *heartbeat*: one turn of
+    goes stale and the lease of its last heartbeat runs out, so the check
+    before a send sees the time that passed). *heartbeat*: one turn of
     ``Worker._heartbeat_loop()``; an incarnation declared dead carries on as a
     new one. *shutdown*: the ``finally`` of ``SenderLoop.run()`` (outcome,
     give back) and ``Worker._deregister()``.
@@ -394,19 +394,16 @@ class ProtocolMachine(RuleBasedStateMachine):
             self.dead.append(w)
         elif kind == "stall":
             # Frozen for longer than the timeout, then resumes: time.monotonic()
-            # moved on, so the lease check before a send sees it.
+            # moved on past the last heartbeat, so the lease check before a send sees it.
             self.note("stall")
             self._make_stale(w)
-            if w.in_hand is not None:
-                w.in_hand.started -= STALE
+            w.worker.lease_from -= STALE
         elif kind == "heartbeat":
             # One turn of Worker._heartbeat_loop().
             incarnation = w.incarnation
-            now, alive = self.queue.heartbeat(incarnation)
-            w.worker.clock.observe(now)
-            if not alive:
+            w.worker.beat()
+            if w.incarnation != incarnation:
                 self.note("heartbeat: declared dead, carries on as a new incarnation")
-                w.worker.reincarnate(incarnation)
             else:
                 self.note("heartbeat")
         else:

@@ -12,7 +12,6 @@ same token (``SenderLoop._mark``).
 from __future__ import annotations
 
 import logging
-import time
 import uuid
 from typing import TYPE_CHECKING
 
@@ -32,9 +31,17 @@ Status = Delivery.Status
 
 
 def started_from(
-    worker: Worker, item: Claimed, token: uuid.UUID, claimed: sql.ClaimedRow | None
+    worker: Worker,
+    item: Claimed,
+    token: uuid.UUID,
+    claimed: sql.ClaimedRow | None,
+    begun: float,
+    generation: int,
 ) -> Started | None:
     """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
+
+    ``begun`` (time.monotonic()) and ``generation`` were read before the step
+    was issued: the send is fenced by them, not by when the reply came.
 
     The UPDATE left the row naming this incarnation, the claim token and
     the start time: all the evidence the sweeper needs if we die before
@@ -66,4 +73,4 @@ def started_from(
         email, attachments = worker.emails.remember(claimed.email, claimed.has_attachments)
     else:
         email, attachments = worker.emails.content(delivery.email_id)
-    return Started(delivery, email, attachments, token, time.monotonic(), worker.generation)
+    return Started(delivery, email, attachments, token, begun, generation)

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
-from django.db.models import F
 from redis.exceptions import RedisError
 
 from .. import control, ratelimit
@@ -36,6 +35,7 @@ from ..clock import from_timestamp
 from ..conf import outbox_settings
 from ..models import Delivery
 from ..queue import QueueEntry
+from . import sql
 from .outcomes import Started
 
 if TYPE_CHECKING:
@@ -92,16 +92,7 @@ class Gate:
         """Put a claimed row back to ``queued`` until ``until`` (Redis time); not an attempt."""
         delivery = started.delivery
         due = from_timestamp(until)
-        changed = Delivery.objects.filter(
-            pk=delivery.pk, status=Status.PROCESSING, claim_token=started.token
-        ).update(
-            status=Status.QUEUED,
-            attempts=F("attempts") - 1,
-            not_before=due,
-            claim_token=None,
-            worker_id="",
-            updated_at=self.worker.clock.now(),
-        )
+        changed = sql.unclaim(delivery.pk, started.token, self.worker.clock.now(), due)
         if changed:
             self.worker.push_quietly([QueueEntry(delivery.pk, delivery.priority, until)])
             self.worker.stats.add("held")

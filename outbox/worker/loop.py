@@ -192,7 +192,14 @@ class SenderLoop:
     def _forget_claims_of_a_dead_incarnation(self) -> None:
         if self.generation != self.worker.generation:
             # Declared dead: ids claimed under the old incarnation are the
-            # sweeper's. (An unwritten outcome is still ours: its token says so.)
+            # sweeper's. A row whose claim may have committed is set back
+            # first, so the sweeper does not flag a row that was never sent.
+            # (An unwritten outcome is still ours: its token says so.)
+            set_back, kept = self._unclaim_pending()
+            now = self.worker.clock.time()
+            self.worker.push_quietly([QueueEntry(c.id, c.priority, now) for c in set_back])
+            for item in kept:
+                self.tokens.pop(item.id, None)
             self.pending.clear()
             self.acks.clear()
             self.nonce = None
@@ -207,6 +214,9 @@ class SenderLoop:
         the item waits at the head of ``pending`` with its token).
         """
         token = self.tokens.pop(item.id, None) or self._new_token()
+        # Read before the step: a send is fenced by the incarnation that made
+        # the claim and by a lease clock that runs while the step is blocked.
+        generation, begun = self.worker.generation, time.monotonic()
         try:
             changed, claimed = self._settle_and_mark(item, token)
         except DatabaseError as exc:
@@ -218,7 +228,7 @@ class SenderLoop:
         if self.settlement is not None:
             self._settled(self.settlement, changed)
         try:
-            started = started_from(self.worker, item, token, claimed)
+            started = started_from(self.worker, item, token, claimed, begun, generation)
         except DatabaseError as exc:
             # The step committed (the outcome is written), but reading what it
             # claimed failed: this thread's own connection, which the step does
@@ -318,15 +328,12 @@ class SenderLoop:
         return settlement
 
     def _send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
-        lease = outbox_settings.HEARTBEAT_TIMEOUT * 0.8
-        if (
-            started.generation != self.worker.generation
-            or time.monotonic() - started.started > lease
-        ):
-            # We were frozen or declared dead between marking and sending: the
-            # sweeper may already have acted on this row, so do not send it.
+        if started.generation != self.worker.generation or self.worker.lease_left() <= 0:
+            # Declared dead since the claim, or no heartbeat has renewed the
+            # lease lately (we were frozen, or Redis is away): the sweeper may
+            # already have acted on this row, or may before the send ends.
             logger.warning(
-                "delivery %s: lease expired before sending; releasing it", started.delivery.pk
+                "delivery %s: no live lease before sending; releasing it", started.delivery.pk
             )
             return Settlement(started, Outcome.RELEASED, "lease expired before sending")
         try:
@@ -368,20 +375,22 @@ class SenderLoop:
         self.settlement = None
 
     def _give_back(self) -> None:
-        """Return claimed-but-unstarted ids to the ready lists (shutdown, quota).
+        """Return claimed-but-unstarted ids to the ready lists (pause, shutdown, quota).
 
         If Redis refuses, they stay in the processing list, where the sweeper
         finds them once this incarnation is gone (deregistering never deletes
         them). An outcome that could not be written is not acknowledged, so
-        its id stays there too.
+        its id stays there too, and so does a row whose claim could not be
+        undone (see :meth:`_unclaim_pending`).
         """
         if not self.pending and not self.acks:
             return
+        _, kept = self._unclaim_pending()
         now = self.worker.clock.time()
-        entries = [QueueEntry(c.id, c.priority, now) for c in self.pending]
+        entries = [QueueEntry(c.id, c.priority, now) for c in self.pending if c not in kept]
         try:
             self.worker.queue.release(self.worker.worker_id, entries, acks=self.acks)
-            self.pending.clear()
+            self.pending = deque(kept)
             self.acks = []
         except RedisError as exc:
             logger.warning(
@@ -390,3 +399,30 @@ class SenderLoop:
                 len(entries),
                 exc,
             )
+
+    def _unclaim_pending(self) -> tuple[list[Claimed], list[Claimed]]:
+        """Set back the rows a committed claim may hold: (items set back, items it could not).
+
+        An item carries a token when its step may have committed without this
+        thread learning it (the reply, or reading the row back, failed): its
+        row may be ``processing`` under that token. Its id must not be given
+        back before the row is ``queued`` again, or no worker would take it
+        and the sweeper would flag a row that was never sent.
+        """
+        set_back: list[Claimed] = []
+        kept: list[Claimed] = []
+        now = self.worker.clock.now()
+        for item in self.pending:
+            token = self.tokens.get(item.id)
+            if token is None:
+                continue
+            try:
+                if sql.unclaim(item.id, token, now):
+                    set_back.append(item)
+            except DatabaseError as exc:
+                drop_db_connection()
+                logger.warning("delivery %s: cannot give its claim back yet (%s)", item.id, exc)
+                kept.append(item)
+                continue
+            del self.tokens[item.id]
+        return set_back, kept

@@ -59,7 +59,7 @@ class Started:
     email: Email
     attachments: list[Attachment]
     token: uuid.UUID
-    started: float  # time.monotonic() when marked processing
+    started: float  # time.monotonic() when the step that marked it was issued
     generation: int
 
 

@@ -48,6 +48,11 @@ from .sql import Step, StepResult, run_steps
 
 logger = logging.getLogger("outbox.worker")
 
+# A send needs a lease: the last heartbeat that found this incarnation alive
+# was sent less than this share of HEARTBEAT_TIMEOUT ago. The rest of the
+# timeout is the margin between the sweeper's clock and ours.
+LEASE_SHARE = 0.8
+
 
 def default_worker_id() -> str:
     """The worker's name when none is given: host and pid."""
@@ -93,6 +98,12 @@ class Worker:
         # the sweeper's now.
         self.generation = 0
         self.crashed = False
+        # time.monotonic() when the last heartbeat (or registration) that found
+        # this incarnation alive was sent: the start of its current lease.
+        self.lease_from = time.monotonic()
+        # The heartbeat outlives stop_event: it beats until every sender thread
+        # has finished its message, or the sweeper would take rows mid-send.
+        self._heartbeat_stop = threading.Event()
         self._handled = 0
         self._lock = threading.Lock()
         # Its own lock: a new incarnation's registration may be retried for as
@@ -120,7 +131,7 @@ class Worker:
         """Run until stopped; returns the exit status: 0, or 1 if a sender thread crashed."""
         if install_signal_handlers:
             self._install_signal_handlers()
-        self._register(self.worker_id)
+        self.lease_from = self._register(self.worker_id)
         logger.info(
             "worker %s started: concurrency %d%s",
             self.worker_id,
@@ -146,6 +157,7 @@ class Worker:
                 self.stats.summary(self.worker_id, time.monotonic() - last_summary)
                 last_summary = time.monotonic()
         self.stop_event.set()
+        self._heartbeat_stop.set()
         self._close_step_connection()
         heartbeat.join(timeout=5)
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
@@ -223,15 +235,17 @@ class Worker:
 
     # -- registration and heartbeat ------------------------------------------------
 
-    def _register(self, worker_id: str) -> None:
+    def _register(self, worker_id: str) -> float:
+        """Register ``worker_id``; returns when the call that did it was sent (monotonic)."""
         while True:
+            sent_at = time.monotonic()
             try:
                 self.clock.observe(self.queue.register(worker_id))
-                return
+                return sent_at
             except RedisError as exc:
                 logger.warning("cannot register with Redis (%s); retrying", exc)
                 if self.stop_event.wait(1.0):
-                    return
+                    return float("-inf")  # stopping, unregistered: no lease at all
 
     def _deregister(self) -> None:
         try:
@@ -259,23 +273,44 @@ class Worker:
                 old,
                 new,
             )
-            self._register(new)
+            registered_at = self._register(new)
             with self._lock:
                 self.generation += 1
                 self.worker_id = new
+            # Only now: a sender that read the old generation must not find a
+            # fresh lease (see SenderLoop._send).
+            self.lease_from = registered_at
 
     def _heartbeat_loop(self) -> None:
         interval = outbox_settings.HEARTBEAT_INTERVAL
-        while not self.stop_event.wait(interval):
-            worker_id = self.worker_id
+        while not self._heartbeat_stop.wait(interval):
             try:
-                now, alive = self.queue.heartbeat(worker_id)
+                self.beat()
             except RedisError as exc:
                 logger.warning("heartbeat failed: %s", exc)
-                continue
-            self.clock.observe(now)
-            if not alive:
-                self.reincarnate(worker_id)
+
+    def beat(self) -> None:
+        """One heartbeat: renew the lease, or carry on as a new incarnation."""
+        worker_id = self.worker_id
+        sent_at = time.monotonic()
+        now, alive = self.queue.heartbeat(worker_id)
+        self.clock.observe(now)
+        if alive:
+            self.lease_from = max(self.lease_from, sent_at)
+        else:
+            self.reincarnate(worker_id)
+
+    def lease_left(self) -> float:
+        """Seconds this incarnation may still start a send; not positive: it may not.
+
+        The sweeper declares an incarnation dead when its heartbeat is
+        HEARTBEAT_TIMEOUT old by Redis' clock. The lease counts from when the
+        last successful heartbeat was *sent*, before Redis stamped it, so it
+        ends before the sweeper may act, whatever froze us (SIGSTOP, a Redis
+        outage, a stalled step).
+        """
+        lease = LEASE_SHARE * outbox_settings.HEARTBEAT_TIMEOUT
+        return lease - (time.monotonic() - self.lease_from)
 
     # -- shared by the sender threads ------------------------------------------------
 

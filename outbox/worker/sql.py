@@ -23,6 +23,7 @@ from typing import Any, NamedTuple
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db.models import F
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
@@ -315,6 +316,28 @@ def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
     with connection.cursor() as cursor:
         cursor.execute(_statements().SENT, _params(now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
+
+
+def unclaim(pk: int, token: uuid.UUID, now: datetime, not_before: datetime | None = None) -> int:
+    """Give a claimed row back: ``processing`` under ``token`` -> ``queued``, not an attempt.
+
+    One conditional UPDATE; 0 means the row is not ours (never claimed under
+    this token, or settled by someone else). Its id may be pushed only after
+    this committed: pushed first, another worker would skip the row still
+    ``processing`` and drop the id.
+    """
+    updates: dict[str, Any] = {
+        "status": Status.QUEUED,
+        "attempts": F("attempts") - 1,
+        "claim_token": None,
+        "worker_id": "",
+        "updated_at": now,
+    }
+    if not_before is not None:
+        updates["not_before"] = not_before
+    return Delivery.objects.filter(pk=pk, status=Status.PROCESSING, claim_token=token).update(
+        **updates
+    )
 
 
 def load_email(email_id: int) -> tuple[Email, bool]:
