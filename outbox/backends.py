@@ -32,10 +32,10 @@ is the outbox itself. Typical settings::
     }
     OUTBOX = {"MAILER": "smtp"}
 
-**Time limit.** :func:`get_delivery_connection` bounds every wait on the mail
-server by ``OUTBOX["SEND_TIMEOUT"]`` (see its docstring): a server that
-accepts the connection and never answers holds a sending thread for about
-that long, not forever.
+**Time limit.** :func:`get_delivery_connection` bounds each whole send (the
+connect, the dialogue, the body and its reply) by ``OUTBOX["SEND_TIMEOUT"]``
+(see its docstring): a server that never answers, or trickles its replies,
+holds a sending thread for about that long, not forever.
 
 **Never silent.** A delivery connection is always used with
 ``fail_silently`` off (:func:`never_silent`), even when its options turn it
@@ -79,6 +79,7 @@ from django.utils.module_loading import import_string
 from .conf import PRIORITIES, outbox_settings
 
 # Re-exported: outbox.backends is where projects and the worker find these.
+from .handover import bound_send_time
 from .handover import watch_handover as watch_handover
 from .sendmail import EX_TEMPFAIL as EX_TEMPFAIL
 from .sendmail import SendmailBackend as SendmailBackend
@@ -125,9 +126,9 @@ def get_delivery_connection() -> BaseEmailBackend:
       whose ``timeout`` comes from ``EMAIL_TIMEOUT`` or the mailer's
       ``OPTIONS``; :class:`SendmailBackend`; most third-party backends): the
       attribute becomes ``min(timeout, SEND_TIMEOUT)``, or SEND_TIMEOUT when
-      it is ``None`` (no limit). Django's SMTP backend reads it when it opens
-      the connection, as the socket timeout: it bounds each wait on the
-      server (the greeting, each reply, sending the body), not the sum.
+      it is ``None`` (no limit). Django's SMTP backend reads it as the socket
+      timeout, which bounds each wait; :func:`~outbox.handover.bound_send_time`
+      then bounds the sum: each ``open()`` and ``send_messages()`` as a whole.
     - A class from ``OUTBOX["EMAIL_BACKEND"]`` whose constructor takes a
       ``timeout`` keyword but whose instances show no ``timeout`` attribute:
       it is created again with ``timeout=SEND_TIMEOUT`` (the outbox creates
@@ -149,6 +150,7 @@ def get_delivery_connection() -> BaseEmailBackend:
         backend = mail.get_connection()
     _limit_timeout(backend, limit)
     never_silent(backend)
+    bound_send_time(backend)
     return backend
 
 

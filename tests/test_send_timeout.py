@@ -361,11 +361,6 @@ def test_the_worker_retries_a_send_to_a_trickling_mailer_after_send_timeout(sett
     trickled_from_the_greeting(settings, trickled, mailer="slow")
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the default connection's first open() is bounded only once "
-    "outbox.backends.get_delivery_connection() calls outbox.handover.bound_send_time()",
-)
 @pytest.mark.django_db(transaction=True)
 def test_the_worker_retries_a_send_to_a_trickling_server_after_send_timeout(settings, trickled):
     trickled_from_the_greeting(settings, trickled, mailer="")
