@@ -14,15 +14,15 @@ __version__ = "0.1.0"
 __all__ = ["enqueue_email", "enqueue_many", "enqueue_template", "suppress", "unsuppress"]
 
 if TYPE_CHECKING:
-    from .api import enqueue_email, enqueue_template
-    from .bulk import enqueue_many
+    from .enqueue.api import enqueue_email, enqueue_template
+    from .enqueue.bulk import enqueue_many
     from .suppression import suppress, unsuppress
 
 # Public name -> the module that defines it.
 _HOMES = {
-    "enqueue_email": "api",
-    "enqueue_template": "api",
-    "enqueue_many": "bulk",
+    "enqueue_email": "enqueue",
+    "enqueue_template": "enqueue",
+    "enqueue_many": "enqueue",
     "suppress": "suppression",
     "unsuppress": "suppression",
 }

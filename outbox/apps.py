@@ -11,6 +11,6 @@ class OutboxConfig(AppConfig):
 
     def ready(self) -> None:
         from . import checks  # noqa: F401  (registers the system checks)
-        from .esp_events import connect
+        from .contrib.anymail import connect
 
         connect()  # django-anymail's tracking signal, when it is installed

@@ -37,10 +37,10 @@ DEFAULTS: dict[str, Any] = {
     # What the sweeper does with a row that was processing when its worker died:
     # "review" (mark abandoned for a person) or "requeue" (send again).
     "ABANDONED_POLICY": "review",
-    # Seconds the worker's delivery backend may wait on the mail server (each
-    # network wait of Django's SMTP backend, a sendmail child as a whole). It
-    # bounds how long one stalled server holds a sending thread, and so how
-    # long SIGTERM can take; a project's own shorter timeout is kept.
+    # Seconds one send may take, as a whole (connect, dialogue, body and reply;
+    # a sendmail child from start to exit). It bounds how long one stalled or
+    # trickling server holds a sending thread, and so how long SIGTERM can
+    # take; a project's own shorter timeout is kept.
     "SEND_TIMEOUT": 60.0,
     # Path of the sendmail binary for outbox.backends.SendmailBackend.
     "SENDMAIL_PATH": "/usr/sbin/sendmail",
@@ -56,12 +56,12 @@ DEFAULTS: dict[str, Any] = {
     # function the migrations create (its plans are cached per connection, a
     # saving as large as prepared statements', without needing them). False:
     # the same statement as plain SQL, for databases where functions may not be
-    # created (fake-apply migration 0005 then).
+    # created (fake-apply migrations 0005 and 0008 then).
     "POSTGRESQL_FUNCTIONS": True,
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
-    # -- sending control (outbox/ratelimit.py, outbox/control.py) --
+    # -- sending control (outbox/queue/ratelimit.py, outbox/queue/control.py) --
     # Sending limits shared by every worker: {"*": "14/s", "gmail.com": "20/m"}.
     # "*" is all sending together; any other key is a recipient domain (exact,
     # lower-cased). Units /s /m /h /d; sends are spaced evenly.
@@ -71,7 +71,7 @@ DEFAULTS: dict[str, Any] = {
     # Seconds ahead a row to a paused domain is rescheduled; resume takes effect
     # within this interval.
     "PAUSED_DOMAIN_RECHECK": 10.0,
-    # -- automatic settlement of abandoned rows (outbox/reconcile.py) --
+    # -- automatic settlement of abandoned rows (outbox/sweeper/reconcile.py) --
     # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
     # about abandoned rows.
     "RECONCILERS": [],
@@ -87,10 +87,10 @@ DEFAULTS: dict[str, Any] = {
     # "Europe/Berlin". None: this host's zone (/etc/localtime), as syslog
     # writes them; never settings.TIME_ZONE.
     "POSTFIX_LOG_TIME_ZONE": None,
-    # Templates, bulk mail, expiry and suppression (issue 14).
+    # Templates, bulk mail, expiry and suppression.
     # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
     "SUPPRESS_ON_REFUSAL": True,
-    # -- a mailer per email (outbox/mailers.py) --
+    # -- a mailer per email (outbox/mail/mailers.py) --
     # Delivery backends an email may name with enqueue_email(..., mailer=<key>)
     # when settings.MAILERS is not in use (Django < 6.1, or 6.1 not migrated):
     # {"bulk": "dotted.path.Backend"} or

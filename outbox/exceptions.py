@@ -13,7 +13,7 @@ failed by raising (or chaining) one of these, importing nothing else::
     raise DeliveryError("550 no such user", permanent=True)  # failed, never retried
     raise AmbiguousDeliveryError("no reply after the body")  # in doubt: see below
 
-Any other exception is classified by :func:`outbox.failures.classify`.
+Any other exception is classified by :func:`outbox.mail.failures.classify`.
 """
 
 from __future__ import annotations

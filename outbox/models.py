@@ -18,7 +18,7 @@ from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
-from .validation import suppression_key
+from .validation import check_template_syntax, suppression_key
 
 # Worker ids on rows and in the attempt log. The ``outbox_worker`` command
 # accepts ids of up to 200 characters; the worker may append an incarnation
@@ -41,7 +41,7 @@ class Email(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
     # The delivery backend of every delivery of this email: an alias of MAILERS
     # (Django 6.1) or a key of OUTBOX["BACKENDS"]; blank is the worker's default
-    # (see outbox/mailers.py). The database default serves raw INSERTs that
+    # (see outbox/mail/mailers.py). The database default serves raw INSERTs that
     # predate the column.
     mailer = models.CharField(
         _("mailer"),
@@ -251,12 +251,12 @@ class Attempt(models.Model):
         AMBIGUOUS = "ambiguous", _("in doubt")
         REQUEUED = "requeued", _("requeued")
         RELEASED = "released", _("released unsent")
-        # Settled by hand or by a reconciler (outbox.reconcile): the
+        # Settled by hand or by a reconciler (outbox.sweeper.reconcile): the
         # attempt's actor says which ("admin:<user>", "reconciler:<path>").
         MARKED_SENT = "marked_sent", _("marked sent")
         MARKED_FAILED = "marked_failed", _("marked failed")
         CANCELLED = "cancelled", _("cancelled")
-        # Reported later by an ESP (django-anymail's tracking, outbox.esp_events).
+        # Reported later by an ESP (django-anymail's tracking, outbox.contrib.anymail).
         BOUNCED = "bounced", _("bounced (reported by the ESP)")
         REJECTED = "rejected", _("rejected (reported by the ESP)")
         COMPLAINED = "complained", _("spam complaint (reported by the ESP)")
@@ -336,9 +336,7 @@ class EmailTemplate(models.Model):
 
     def clean(self) -> None:
         """Compile each part: a syntax error becomes a form error with its line."""
-        from .rendering import check_syntax
-
-        check_syntax(self)
+        check_template_syntax({"subject": self.subject, "text": self.text, "html": self.html})
 
 
 class Suppression(models.Model):

@@ -21,10 +21,10 @@ from django.db.models import Q
 from django.utils import timezone
 
 from . import signals
-from .api import mirror
 from .exceptions import OutboxError
 from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
-from .queue import QueueEntry
+from .queue.publish import publish
+from .queue.reliable import QueueEntry
 
 Status = Delivery.Status
 Outcome = Attempt.Outcome
@@ -191,7 +191,7 @@ def _after_commit(
         # Forced: a row coming back to queued may have left its id anywhere in
         # Redis (scheduled for an old time, or a dedup-set entry whose list was
         # lost); a duplicate is harmless, a skipped push would strand the row.
-        mirror(entries, force=True)
+        publish(entries, force=True)
     for entry in entries:
         if to == Status.SENT:
             signals.delivery_sent.send_robust(

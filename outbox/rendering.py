@@ -32,15 +32,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured, ValidationError
-from django.template import Context, Engine, Template, TemplateDoesNotExist, engines
-from django.template.backends.django import DjangoTemplates
+from django.core.exceptions import ValidationError
+from django.template import Context, Template, TemplateDoesNotExist
 from django.utils import translation
 from django.utils.translation import gettext as _
 
 from .models import EmailTemplate
+from .validation import describe_template_error, template_engine
 
-__all__ = ["CompiledTemplate", "TemplateCache", "check_syntax", "render"]
+__all__ = ["CompiledTemplate", "TemplateCache", "render"]
 
 # (file name, model field) of each part.
 PARTS = (("subject.txt", "subject"), ("body.txt", "text"), ("body.html", "html"))
@@ -58,15 +58,6 @@ class CompiledTemplate:
     html: Template | None
 
 
-def _engine() -> Engine:
-    for backend in engines.all():
-        if isinstance(backend, DjangoTemplates):
-            return backend.engine
-    raise ImproperlyConfigured(
-        "outbox email templates need a DjangoTemplates engine in settings.TEMPLATES."
-    )
-
-
 def template_error(name: str, part: str, message: str) -> ValidationError:
     """The error of one template part, naming both."""
     return ValidationError(
@@ -82,50 +73,12 @@ def template_error(name: str, part: str, message: str) -> ValidationError:
     )
 
 
-def _describe(exc: BaseException, source: str | None = None) -> str:
-    """An error with the line it is on, when the template engine can tell."""
-    debug = getattr(exc, "template_debug", None)
-    if debug is None and source is not None:
-        # Compiled without debug: compile again with it, for the line number.
-        try:
-            Template(source, engine=_debug_engine())
-        except Exception as again:
-            debug = getattr(again, "template_debug", None)
-    if debug:
-        return _("line %(line)d: %(error)s") % {"line": debug["line"], "error": exc}
-    return str(exc)
-
-
-def _debug_engine() -> Engine:
-    engine = _engine()
-    return Engine(
-        debug=True,
-        libraries=engine.libraries,
-        builtins=[b for b in engine.builtins if b not in Engine.default_builtins],
-    )
-
-
 def compile_source(name: str, part: str, source: str) -> Template:
     """Compile one part's source, or raise ``ValidationError`` with the line."""
     try:
-        return Template(source, engine=_engine())
+        return Template(source, engine=template_engine())
     except Exception as exc:
-        raise template_error(name, part, _describe(exc, source)) from exc
-
-
-def check_syntax(template: EmailTemplate) -> None:
-    """Raise ``ValidationError`` per field for each part that does not compile."""
-    errors: dict[str, list[str]] = {}
-    for _file, field in PARTS:
-        source = getattr(template, field)
-        if not source:
-            continue
-        try:
-            Template(source, engine=_debug_engine())
-        except Exception as exc:
-            errors[field] = [_describe(exc)]
-    if errors:
-        raise ValidationError(errors)
+        raise template_error(name, part, describe_template_error(exc, source)) from exc
 
 
 class TemplateCache:
@@ -157,7 +110,7 @@ class TemplateCache:
         return compile_row(row, lang)
 
     def _files(self, name: str, lang: str) -> CompiledTemplate:
-        engine = _engine()
+        engine = template_engine()
         parts: dict[str, Template | None] = {}
         for file, field in PARTS:
             candidates = [f"{name}/{lang}/{file}", f"{name}/{file}"]
@@ -166,7 +119,7 @@ class TemplateCache:
             except TemplateDoesNotExist:
                 parts[field] = None
             except Exception as exc:
-                raise template_error(name, file, _describe(exc)) from exc
+                raise template_error(name, file, describe_template_error(exc)) from exc
         subject = parts["subject"]
         if subject is None:
             raise template_error(
@@ -233,4 +186,4 @@ def _render(
         return compiled.render(context)
     except Exception as exc:
         label = f"{template.name} [{template.language}] ({template.origin})"
-        raise template_error(label, part, _describe(exc)) from exc
+        raise template_error(label, part, describe_template_error(exc)) from exc

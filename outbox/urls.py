@@ -1,12 +1,12 @@
 """The outbox's own URLs: ``path("outbox/", include("outbox.urls"))``.
 
 ``metrics`` (``reverse("outbox:metrics")``) serves the Prometheus metrics of
-:mod:`outbox.metrics`, to a scraper with ``OUTBOX["METRICS_TOKEN"]`` only.
+:mod:`outbox.status.metrics`, to a scraper with ``OUTBOX["METRICS_TOKEN"]`` only.
 """
 
 from django.urls import path
 
-from .metrics import metrics_view
+from .status.metrics import metrics_view
 
 app_name = "outbox"
 

@@ -6,7 +6,7 @@
 #
 #   tests/run.sh                                               everything (what CI runs)
 #   OUTBOX_TEST_MATRIX="5.2:sqlite" tests/run.sh -k worker     one cell, pytest args
-#   OUTBOX_TEST_SKIP_LINT=1 tests/run.sh                       no ruff and mypy
+#   OUTBOX_TEST_SKIP_LINT=1 tests/run.sh                       no ruff, mypy, import-linter
 #   OUTBOX_TEST_JOBS=1 tests/run.sh                            cells one at a time
 #
 # Cells run OUTBOX_TEST_JOBS at a time (default 2). They cannot collide: each has
@@ -40,10 +40,12 @@ ensure_postfix
 ensure_chromium
 
 if [ -z "${OUTBOX_TEST_SKIP_LINT:-}" ]; then
-  log "ruff and mypy"
+  log "ruff, mypy and the import contracts"
   .venv/bin/ruff check -q outbox tests example_project
   .venv/bin/ruff format -q --check outbox tests example_project
   .venv/bin/mypy outbox
+  # The layers of outbox/ (pyproject.toml, [tool.importlinter]).
+  .venv/bin/lint-imports --no-cache >/dev/null || .venv/bin/lint-imports --no-cache
 fi
 
 if [[ "$MATRIX" == *postgres* ]]; then

@@ -2,7 +2,7 @@
 
 A server that records the message and then cuts the connection instead of
 replying to the final dot may well deliver it. Such an attempt is in doubt:
-:func:`outbox.failures.classify` says AMBIGUOUS, and the worker handles it like
+:func:`outbox.mail.failures.classify` says AMBIGUOUS, and the worker handles it like
 a crash in the send window (``ABANDONED_POLICY``). Failures before the body was
 complete keep their meaning.
 
@@ -25,9 +25,10 @@ from django.core.mail import EmailMessage
 from django.core.management import call_command
 
 from outbox import enqueue_email
-from outbox.backends import get_delivery_connection, watch_handover
 from outbox.exceptions import AmbiguousDeliveryError, DeliveryError, OutboxError
-from outbox.failures import FailureKind, classify, is_ambiguous, is_permanent
+from outbox.mail.failures import FailureKind, classify, is_ambiguous, is_permanent
+from outbox.mail.handover import watch_handover
+from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
 from tests.servers import SMTPRecorder, free_port
 from tests.servers import sample_message as message
@@ -214,7 +215,7 @@ def test_a_refusal_of_the_final_dot_is_a_clear_answer(settings, reply, kind):
 #
 # NEEDS THE WORKER WIRING: these pass only once the worker calls
 # outbox.backends.watch_handover(backend) after every successful backend.open(),
-# settles with outbox.failures.classify(), and writes an AMBIGUOUS attempt as
+# settles with outbox.mail.failures.classify(), and writes an AMBIGUOUS attempt as
 # described in issue 11 (item 4).
 
 

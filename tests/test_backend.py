@@ -21,8 +21,9 @@ from django.db import transaction
 from django.utils.translation import gettext_lazy
 
 from outbox import enqueue_email
-from outbox.api import UNDISCLOSED_RECIPIENTS
-from outbox.backends import HAS_MAILERS, OutboxBackend
+from outbox.backends import OutboxBackend
+from outbox.enqueue.prepare import UNDISCLOSED_RECIPIENTS
+from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
 from outbox.worker import Worker

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from outbox import enqueue_many
-from outbox.bulk import CHUNK
+from outbox.enqueue.bulk import CHUNK
 from outbox.models import Attachment, Delivery, Email, EmailTemplate
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from outbox.checks import check_outbox_settings
 from outbox.conf import outbox_settings
+from tests.checking import outbox_checks
 
 
 def ids() -> list[str]:
-    return [message.id for message in check_outbox_settings()]
+    return [message.id for message in outbox_checks()]
 
 
 def test_suppress_on_refusal_defaults_to_true_and_is_clean():

@@ -7,8 +7,8 @@ import socket
 import pytest
 from django.core.checks import run_checks
 
-from outbox.backends import HAS_MAILERS
-from outbox.checks_reconcilers import check_log_reconciler_targets, is_local
+from outbox.checks.reconcilers import check_log_reconciler_targets, is_local
+from outbox.mail.targets import HAS_MAILERS
 from outbox.reconcilers import PostfixLogReconciler
 
 SMTP = "django.core.mail.backends.smtp.EmailBackend"

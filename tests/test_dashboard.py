@@ -15,8 +15,9 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import escape
 
-from outbox import dashboard, enqueue_email
-from outbox.dashboard import CHART_MINUTES, age, per_minute
+from outbox import enqueue_email
+from outbox.admin import dashboard
+from outbox.admin.dashboard import CHART_MINUTES, age, per_minute
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
 
@@ -288,7 +289,7 @@ def test_a_render_runs_a_bounded_number_of_queries(viewer, queue):
 def test_the_page_marks_the_estimate_on_postgresql(viewer, monkeypatch):
     """Sent rows are estimated on PostgreSQL above ESTIMATE_ABOVE (here 20): the page says so.
     On SQLite they are counted, and the page says every number is exact."""
-    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 20)
+    monkeypatch.setattr("outbox.status.snapshot.ESTIMATE_ABOVE", 20)
     rows = enqueue_email("Sent", "b", None, [f"s{i}@example.com" for i in range(30)])
     Delivery.objects.filter(pk__in=[r.pk for r in rows]).update(
         status="sent", sent_at=timezone.now()
@@ -318,7 +319,7 @@ def test_the_page_marks_the_estimate_on_postgresql(viewer, monkeypatch):
 
 
 def test_the_agreement_over_the_limit_shows_the_counts(viewer, known_state, monkeypatch):
-    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 2)
+    monkeypatch.setattr("outbox.status.snapshot.COMPARE_LIMIT", 2)
     page = viewer.get(URL).content.decode()
     assert "not compared id by id (more than 2 ids); database 2, Redis 2" in page
     assert "not compared id by id (more than 2 ids); database 1, Redis 1" in page

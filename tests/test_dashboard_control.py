@@ -1,6 +1,6 @@
 """The dashboard's "Sending control" panel: the switches and limits it shows, and its buttons.
 
-Real Redis, the Django test client, the same ``outbox.control`` the commands use.
+Real Redis, the Django test client, the same ``outbox.queue.control`` the commands use.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 from django.urls import reverse
 
-from outbox import control, ratelimit
-from outbox.ratelimit import take
+from outbox.queue import control, ratelimit
+from outbox.queue.ratelimit import take
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -194,7 +194,7 @@ def test_a_view_only_user_sees_the_state_without_buttons(viewer, queue):
 
 def test_pause_and_resume_as_a_user_who_may_change(changer, queue, caplog):
     control.resume(queue=queue)
-    with caplog.at_level(logging.INFO, logger="outbox.control"):
+    with caplog.at_level(logging.INFO, logger="outbox.queue.control"):
         response = press(changer, "pause")
     assert response.status_code == 302 and response["Location"] == URL
     assert control.state(queue).paused
@@ -205,7 +205,7 @@ def test_pause_and_resume_as_a_user_who_may_change(changer, queue, caplog):
     assert shown_state(followed.content.decode()) == "paused"
 
     caplog.clear()
-    with caplog.at_level(logging.INFO, logger="outbox.control"):
+    with caplog.at_level(logging.INFO, logger="outbox.queue.control"):
         response = press(changer, "resume")
     assert response.status_code == 302
     assert not control.state(queue).paused

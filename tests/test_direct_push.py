@@ -1,4 +1,4 @@
-"""The push after a commit on a connection of outbox.direct, and its way back to the client's path.
+"""The push after a commit on a connection of outbox.queue.direct, and its way back to the client's path.
 
 Each test has a redis-server of its own (and so a connection pool and a free
 list of its own, which no other test's threads can touch): the free list, a
@@ -17,8 +17,8 @@ import pytest
 import redis
 from redis.sentinel import Sentinel
 
-from outbox.direct import DirectConnections, _pack, direct_connections
 from outbox.queue import QueueEntry, RedisQueue
+from outbox.queue.direct import DirectConnections, _pack, direct_connections
 
 
 @pytest.fixture

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import enqueue_email
-from outbox.message_id import make_message_id
+from outbox.mail.message_id import make_message_id
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
 

@@ -27,7 +27,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import enqueue_email
-from outbox.backends import HAS_MAILERS
+from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Delivery, Email
 from outbox.worker import sql
 

@@ -25,7 +25,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from outbox import enqueue_email
-from outbox.message import build_message
+from outbox.mail.message import build_message
 from outbox.models import Attachment, Attempt, Delivery, Email
 from outbox.queue import RedisQueue
 

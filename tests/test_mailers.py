@@ -1,4 +1,4 @@
-"""A mailer per email (outbox/mailers.py): ``enqueue_email(..., mailer="bulk")``.
+"""A mailer per email (outbox/mail/mailers.py): ``enqueue_email(..., mailer="bulk")``.
 
 Two real SMTP servers on loopback stand for two mail services: the worker's
 default target, and the ``"bulk"`` mailer (an alias of ``MAILERS`` on Django
@@ -14,12 +14,14 @@ from typing import Any
 import pytest
 from django.core.exceptions import ImproperlyConfigured, ValidationError
 
-from outbox import enqueue_email, enqueue_many, enqueue_template, ratelimit
-from outbox.backends import HAS_MAILERS, OutboxBackend
-from outbox.checks import check_outbox_settings
-from outbox.mailers import delivery_mailers, get_connection, is_delivery_mailer
+from outbox import enqueue_email, enqueue_many, enqueue_template
+from outbox.backends import OutboxBackend
+from outbox.mail.mailers import delivery_mailers, get_connection, is_delivery_mailer
+from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attempt, Delivery, Email, EmailTemplate
+from outbox.queue import ratelimit
 from outbox.worker import Worker
+from tests.checking import outbox_checks
 from tests.servers import SMTPRecorder, sample_message, wait_until
 from tests.test_send_timeout import SMTP, use_smtp
 
@@ -316,7 +318,7 @@ def test_the_outbox_backend_can_queue_for_a_mailer(settings):
 
 
 def ids(code: str) -> list[str]:
-    return [e.msg for e in check_outbox_settings() if e.id == code]
+    return [e.msg for e in outbox_checks() if e.id == code]
 
 
 def without_mailers(settings) -> None:
@@ -352,7 +354,7 @@ def test_good_backends_pass_the_checks(settings):
         "BACKENDS": {"bulk": {"BACKEND": SMTP, "OPTIONS": {"port": 2525}}, "files": LOCMEM},
         "RATE_LIMITS": {"mailer:bulk": "10/s"},
     }
-    assert [e.id for e in check_outbox_settings() if e.id in ("outbox.E012", "outbox.E013")] == []
+    assert [e.id for e in outbox_checks() if e.id in ("outbox.E012", "outbox.E013")] == []
     assert delivery_mailers() == ["bulk", "files"]
 
 

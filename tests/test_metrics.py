@@ -18,11 +18,11 @@ from django.urls import reverse
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
-from outbox import control, enqueue_email, ratelimit
-from outbox.checks import check_metrics_token
-from outbox.metrics import CONTENT_TYPE, Family, authorized, render
+from outbox import enqueue_email
+from outbox.checks.urls import check_metrics_token
 from outbox.models import Delivery
-from outbox.queue import RedisQueue
+from outbox.queue import RedisQueue, control, ratelimit
+from outbox.status.metrics import CONTENT_TYPE, Family, authorized, render
 from outbox.sweeper import Sweeper
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -237,7 +237,7 @@ def test_redis_missing_counts_due_rows_redis_lost(client, known_state, queue):
 
 
 def test_redis_missing_is_left_out_above_the_comparison_limit(client, known_state, monkeypatch):
-    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 1)
+    monkeypatch.setattr("outbox.status.snapshot.COMPARE_LIMIT", 1)
     values = metrics(client)
     assert "outbox_redis_missing" not in values
     assert values["outbox_workers_live"] == {"": 1}
@@ -277,7 +277,7 @@ def test_database_down_still_answers_with_redis(client, known_state, monkeypatch
     def broken(now):
         raise RuntimeError("no database today: secret@example.com")
 
-    monkeypatch.setattr("outbox.status._read_database", broken)
+    monkeypatch.setattr("outbox.status.snapshot._read_database", broken)
     response = scrape(client)
     assert response.status_code == 200
     values, _types = parse(response.content.decode())
@@ -313,7 +313,7 @@ def test_a_scrape_runs_a_bounded_number_of_queries(client, queue):
 
 
 def test_the_sent_gauge_may_be_an_estimate_the_counter_is_exact(client, monkeypatch):
-    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 20)
+    monkeypatch.setattr("outbox.status.snapshot.ESTIMATE_ABOVE", 20)
     rows = enqueue_email("s", "b", None, [f"s{i}@example.com" for i in range(30)])
     sent_at(1, *rows)
     with connection.cursor() as cursor:

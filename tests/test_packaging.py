@@ -27,13 +27,13 @@ settings.configure(
     USE_TZ=True,
 )
 django.setup()
-import outbox, outbox.queue, outbox.scripts
+import outbox, outbox.queue, outbox.queue.scripts
 assert outbox.__file__.startswith(sys.argv[1]), outbox.__file__
 from django.core.management import call_command
 call_command("migrate", "outbox", verbosity=0)
 from outbox.models import Delivery
 assert Delivery.objects.count() == 0
-assert "redis.call" in outbox.scripts._script_source("claim")
+assert "redis.call" in outbox.queue.scripts._script_source("claim")
 print("ok", outbox.__version__)
 """
 
@@ -63,12 +63,12 @@ def test_wheel_contains_the_app_and_installs(tmp_path):
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "outbox/migrations/0001_initial.py",
-        "outbox/lua/claim.lua",
-        "outbox/lua/_common.lua",
+        "outbox/queue/lua/claim.lua",
+        "outbox/queue/lua/_common.lua",
         "outbox/py.typed",
         "outbox/templates/admin/outbox/dashboard.html",
         "outbox/migrations/0002_attempt_outcomes_worker_id_length.py",
-        "outbox/lua/forget_stale.lua",
+        "outbox/queue/lua/forget_stale.lua",
         "outbox/management/commands/outbox_worker.py",
         "outbox/management/commands/outbox_sweep.py",
     ):

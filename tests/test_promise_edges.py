@@ -30,10 +30,10 @@ from django.db import DEFAULT_DB_ALIAS, connection, connections
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import control, enqueue_email
+from outbox import enqueue_email
 from outbox.models import Attachment, Delivery, Email
 from outbox.operations import transition
-from outbox.queue import RedisQueue
+from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
 from outbox.worker.cache import EmailCache
@@ -150,10 +150,10 @@ def test_a_push_moves_a_scheduled_id_to_the_rows_new_time(queue):
     sooner = timezone.now() + timedelta(hours=1)
     Delivery.objects.filter(pk=row.pk).update(not_before=sooner)
     Sweeper().run_pass(full_mirror_check=True)  # the row did not change since: nothing to do
-    from outbox.api import mirror
     from outbox.queue import QueueEntry
+    from outbox.queue.publish import publish
 
-    mirror([QueueEntry(row.pk, "normal", sooner.timestamp())])
+    publish([QueueEntry(row.pk, "normal", sooner.timestamp())])
     [(member, score)] = queue.redis.zrange(queue.scheduled_key, 0, -1, withscores=True)
     assert member.decode() == f"{row.pk}:2" and abs(score - sooner.timestamp()) < 0.001
 

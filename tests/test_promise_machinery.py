@@ -19,6 +19,7 @@ tests/test_network_faults.py.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 import uuid
 from collections import deque
@@ -28,10 +29,10 @@ import pytest
 import redis
 from django.db import connection, transaction
 
-from outbox import control, enqueue_email
-from outbox.backends import get_delivery_connection
-from outbox.models import Delivery
-from outbox.queue import Claimed, RedisQueue
+from outbox import enqueue_email
+from outbox.mail.targets import get_delivery_connection
+from outbox.models import Attempt, Delivery
+from outbox.queue import Claimed, RedisQueue, control
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
 from outbox.worker import sql as worker_sql
@@ -203,6 +204,26 @@ def test_no_send_without_a_live_lease(queue, outbox_mail):
     assert worker.lease_left() > 0
     assert loop._send(started, loop.connections.get("").backend).outcome == "sent"
     assert len(outbox_mail) == 1
+
+
+def test_without_a_lease_a_worker_claims_and_marks_nothing(queue, outbox_mail):
+    """Heartbeats failing, claims working: no churn of rows through released, no flagged row."""
+    [row] = enqueue_email("s", "b", None, ["a@example.com"])
+    worker = Worker()
+    worker.queue.register(worker.worker_id)
+    worker.lease_from = float("-inf")  # no heartbeat has renewed it, and none will here
+    loop = SenderLoop(worker, 0, get_delivery_connection())
+    thread = threading.Thread(target=loop.run)
+    thread.start()
+    try:
+        wait_until(lambda: loop.pause.delay >= 0.4, 10)  # it has waited twice
+    finally:
+        worker.stop()
+        thread.join(10)
+    assert queue.processing_ids(worker.worker_id) == []
+    after = Delivery.objects.get(pk=row.pk)
+    assert (after.status, after.attempts) == (Status.QUEUED, 0)
+    assert not Attempt.objects.exists() and outbox_mail == []
 
 
 @postgresql_only

@@ -1,4 +1,4 @@
-"""Rate limits held across every worker (outbox/ratelimit.py, lua/rate_take.lua, worker/gate.py)."""
+"""Rate limits held across every worker (outbox/queue/ratelimit.py, lua/rate_take.lua, worker/gate.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
-from outbox import control, enqueue_email, ratelimit
-from outbox.checks import check_outbox_settings
+from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
-from outbox.ratelimit import Limit, take
+from outbox.queue import control, ratelimit
+from outbox.queue.ratelimit import Limit, take
 from outbox.status import collect, render
 from outbox.sweeper import Sweeper
+from tests.checking import outbox_checks
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_send_timeout import use_smtp
 
@@ -33,7 +34,7 @@ def limits(settings, **extra) -> None:
 
 
 def errors(code: str) -> list[str]:
-    return [e.msg for e in check_outbox_settings() if e.id == code]
+    return [e.msg for e in outbox_checks() if e.id == code]
 
 
 def started_times(rows) -> list[float]:

@@ -16,10 +16,10 @@ from django.core.management import call_command
 from django.utils import timezone
 
 from outbox import enqueue_email
-from outbox.checks import check_outbox_settings
 from outbox.models import Attempt, Delivery, Email
 from outbox.reconcilers import UNKNOWN, Answer, Question, Reconciler
 from outbox.sweeper import Sweeper
+from tests.checking import outbox_checks
 from tests.servers import wait_until
 from tests.test_worker_process import kill_at
 
@@ -184,7 +184,7 @@ def test_a_reconciler_that_raises_is_logged_and_counts_as_unknown(settings, capl
     reconcilers(settings, "tests.test_reconcile.Broken", SCRIPTED)
     first, second = abandoned(2)
     Scripted.answers[first.message_id] = Answer.sent("postfix: status=sent")
-    with caplog.at_level(logging.ERROR, logger="outbox.reconcile"):
+    with caplog.at_level(logging.ERROR, logger="outbox.sweeper.reconcile"):
         report = Sweeper(policy="review").run_pass()
     assert "the mail log is on fire" in caplog.text
     assert any("Broken" in e and "on fire" in e for e in report.errors)
@@ -197,7 +197,7 @@ def test_sent_wins_over_not_sent(settings, caplog):
     [row] = abandoned(1)
     Scripted.answers[row.message_id] = Answer.not_sent("not in my log", sure=True)
     Second.answers[row.message_id] = Answer.sent("in mine")
-    with caplog.at_level(logging.WARNING, logger="outbox.reconcile"):
+    with caplog.at_level(logging.WARNING, logger="outbox.sweeper.reconcile"):
         Sweeper(policy="review").run_pass()
     assert "says sent" in caplog.text
     row.refresh_from_db()
@@ -295,7 +295,7 @@ def test_a_row_claimed_again_meanwhile_is_not_settled(settings):
 )
 def test_checks(settings, values, check_id, fragment):
     settings.OUTBOX = {**settings.OUTBOX, **values}
-    [message] = check_outbox_settings()
+    [message] = outbox_checks()
     assert message.id == check_id and fragment in message.msg
 
 
@@ -303,7 +303,7 @@ def test_a_readable_postfix_log_passes_the_checks(settings, tmp_path):
     log = tmp_path / "mail.log"
     log.write_text("")
     reconcilers(settings, "outbox.reconcilers.PostfixLogReconciler", POSTFIX_LOG=str(log))
-    assert check_outbox_settings() == []
+    assert outbox_checks() == []
 
 
 @pytest.mark.slow

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 from django.test import override_settings
 
-from outbox import enqueue_email, status
+from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
+from outbox.status import snapshot as status
 from tests.conftest import ROOT
 from tests.servers import SMTPRecorder, subprocess_env, wait_until
 from tests.topologies import ClusterSetup, SentinelSetup

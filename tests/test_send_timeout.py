@@ -26,18 +26,14 @@ from typing import Any
 import pytest
 
 from outbox import enqueue_email
-from outbox.backends import (
-    HAS_MAILERS,
-    SendmailBackend,
-    get_delivery_connection,
-    watch_handover,
-)
-from outbox.checks import check_outbox_settings
 from outbox.conf import outbox_settings
 from outbox.exceptions import AmbiguousDeliveryError
-from outbox.failures import FailureKind, classify
-from outbox.handover import bound_send_time
+from outbox.mail.failures import FailureKind, classify
+from outbox.mail.handover import bound_send_time, watch_handover
+from outbox.mail.sendmail import SendmailBackend
+from outbox.mail.targets import HAS_MAILERS, get_delivery_connection
 from outbox.models import Attempt, Delivery
+from tests.checking import outbox_checks
 from tests.proxy import FaultProxy
 from tests.servers import SilentServer, SMTPRecorder
 from tests.servers import sample_message as message
@@ -136,7 +132,7 @@ def test_send_timeout_is_read_live_as_a_float(settings):
 @pytest.mark.parametrize("value", [0, -1, 0.0, "60", None, True, float("inf"), float("nan")])
 def test_e009_send_timeout_must_be_a_positive_number(settings, value):
     settings.OUTBOX = {**settings.OUTBOX, "SEND_TIMEOUT": value}
-    [error] = check_outbox_settings()
+    [error] = outbox_checks()
     assert error.id == "outbox.E009"
     assert "SEND_TIMEOUT" in error.msg
 
@@ -144,7 +140,7 @@ def test_e009_send_timeout_must_be_a_positive_number(settings, value):
 @pytest.mark.parametrize("value", [0.5, 1, 60, 600.0])
 def test_a_positive_send_timeout_passes_the_checks(settings, value):
     settings.OUTBOX = {**settings.OUTBOX, "SEND_TIMEOUT": value}
-    assert check_outbox_settings() == []
+    assert outbox_checks() == []
 
 
 # -- get_delivery_connection() applies it ---------------------------------------------

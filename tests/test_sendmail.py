@@ -23,9 +23,10 @@ from typing import Any
 import pytest
 
 from outbox import enqueue_email
-from outbox.backends import SendmailBackend, get_delivery_connection
 from outbox.exceptions import AmbiguousDeliveryError, DeliveryError
-from outbox.failures import FailureKind, classify, is_permanent
+from outbox.mail.failures import FailureKind, classify, is_permanent
+from outbox.mail.sendmail import SendmailBackend
+from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
 from tests.servers import sample_message as message
 

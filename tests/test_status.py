@@ -21,7 +21,8 @@ from django.utils import timezone
 from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import QueueEntry, RedisQueue
-from outbox.status import COMPARE_LIMIT, collect
+from outbox.status import collect, render
+from outbox.status.snapshot import COMPARE_LIMIT
 from tests.servers import subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -161,11 +162,17 @@ def test_empty_outbox():
     assert report["redis"]["workers"] == []
 
 
+def test_before_any_worker_has_run_status_says_so_in_words(queue):
+    assert "Sending: no worker yet" in render(collect())
+    queue.register("w#1")  # a worker, but the pause switches are gone
+    assert "Sending: UNKNOWN (Redis lost the pause switches" in render(collect())
+
+
 def test_too_many_ids_are_not_compared(known_state, monkeypatch, queue):
     with CaptureQueriesContext(connection) as captured:
         assert collect()["agreement"]["ready"]["agrees"] is True
     assert any("is_due" in q["sql"] for q in captured.captured_queries)  # ids compared
-    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 2)
+    monkeypatch.setattr("outbox.status.snapshot.COMPARE_LIMIT", 2)
     assert COMPARE_LIMIT > 2
     # 3 queued rows: over the limit; only the counts are read, on both sides.
     queue.redis.delete(queue.ready_key("normal"))
@@ -173,7 +180,7 @@ def test_too_many_ids_are_not_compared(known_state, monkeypatch, queue):
         report = collect()
     # The query of every queued id (with whether it is due) is not run.
     assert not any("is_due" in q["sql"] for q in captured.captured_queries)
-    not_compared = {"agrees": None, "missing": None, "stale": None}
+    not_compared = {"agrees": None, "missing": None, "stale": None, "limit": 2}
     assert report["agreement"] == {
         "ready": {**not_compared, "database": 2, "redis": 0},
         "scheduled": {**not_compared, "database": 1, "redis": 1},
@@ -186,7 +193,7 @@ def test_too_many_ids_are_not_compared(known_state, monkeypatch, queue):
 
 
 def test_redis_ids_over_the_limit_are_not_read(known_state, monkeypatch, queue):
-    monkeypatch.setattr("outbox.status.COMPARE_LIMIT", 3)
+    monkeypatch.setattr("outbox.status.snapshot.COMPARE_LIMIT", 3)
     # The database holds 3 queued rows (not over); Redis holds 4 ids.
     queue.redis.zadd(queue.scheduled_key, {"999999:2": time.time() + 60})
     report = collect()
@@ -194,6 +201,7 @@ def test_redis_ids_over_the_limit_are_not_read(known_state, monkeypatch, queue):
         "agrees": None,
         "missing": None,
         "stale": None,
+        "limit": 3,
         "database": 1,
         "redis": 2,
     }
@@ -210,7 +218,7 @@ def make_rows(status: str, n: int) -> None:
 def test_sent_is_estimated_on_postgresql_and_counted_elsewhere(monkeypatch, queue):
     """Above ESTIMATE_ABOVE sent rows PostgreSQL reports the planner's estimate, marked as one;
     SQLite counts. The others are counted everywhere."""
-    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 20)
+    monkeypatch.setattr("outbox.status.snapshot.ESTIMATE_ABOVE", 20)
     make_rows("sent", 30)
     make_rows("failed", 2)
     make_rows("queued", 3)
@@ -246,7 +254,7 @@ def test_sent_is_estimated_on_postgresql_and_counted_elsewhere(monkeypatch, queu
 
 
 def test_below_the_threshold_postgresql_counts_too(monkeypatch):
-    monkeypatch.setattr("outbox.status.ESTIMATE_ABOVE", 31)
+    monkeypatch.setattr("outbox.status.snapshot.ESTIMATE_ABOVE", 31)
     make_rows("sent", 30)
     with connection.cursor() as cursor:
         cursor.execute("ANALYZE outbox_delivery")

@@ -16,7 +16,8 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from outbox import enqueue_email, enqueue_many, enqueue_template, suppress, unsuppress
-from outbox.backends import HAS_MAILERS, OutboxBackend
+from outbox.backends import OutboxBackend
+from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Delivery, EmailTemplate, Suppression
 from outbox.suppression import add_refused
 from outbox.worker import Worker

@@ -23,7 +23,7 @@ from django.db.models import F, Q, Window
 from django.db.models.functions import RowNumber
 
 from ..models import Delivery
-from . import Question
+from .base import Question
 
 # How far before an attempt a sibling handover may lie, and how many of the
 # latest an incarnation's mailer contributes: one found in the log is enough.

@@ -12,11 +12,11 @@ from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
 from ..conf import outbox_settings
-from . import UNKNOWN, Answer, Question, Reconciler
+from .base import UNKNOWN, Answer, Question, Reconciler
 from .evidence import Handover, handovers
 from .postfix_log import LogScan, host_zone, scan
 
-logger = logging.getLogger("outbox.reconcile")
+logger = logging.getLogger("outbox.sweeper.reconcile")
 
 
 class PostfixLogReconciler(Reconciler):

@@ -10,7 +10,7 @@
 
 ``enqueue_email`` itself goes through the ORM on SQLite (one look-up of the
 suppression list, then the email and its deliveries, with ``bulk_create``, in
-one transaction; see ``outbox/api.py``), the same path that serves attachments
+one transaction; see ``outbox/enqueue/api.py``), the same path that serves attachments
 and idempotency keys everywhere. The code that runs the statements here is in
 ``outbox/worker/sql.py`` (``_steps_sqlite``) and ``outbox/enqueue_sql.py``;
 PostgreSQL's hot path is ``postgresql.py``.

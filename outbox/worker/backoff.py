@@ -1,21 +1,22 @@
-"""What a sender thread does when something it needs is away: wait, and let go.
+"""What a sender thread does when it has to wait: for work, or for what is away.
 
 ``Backoff`` is the growing pause while Redis or the database is unreachable
 (0.2 s doubling to 5 s, so a failover is noticed within seconds but an outage is
-not hammered), logged once per outage. The two closers drop a connection that
-may be dead without letting its goodbye raise.
+not hammered), logged once per outage. :func:`wait_idle` blocks while there is
+no work. The two closers drop a connection that may be dead without letting
+its goodbye raise.
 """
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
+from redis.exceptions import RedisError
 
-if TYPE_CHECKING:
-    from .process import Worker
+from ..conf import outbox_settings
+from .host import WorkerHost
 
 logger = logging.getLogger("outbox.worker")
 
@@ -23,7 +24,7 @@ logger = logging.getLogger("outbox.worker")
 class Backoff:
     """Growing pause while Redis or the database is away, logged once per outage."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost) -> None:
         self.worker = worker
         self.delay = 0.0
 
@@ -37,6 +38,34 @@ class Backoff:
             logger.warning("%s is unavailable (%s); backing off", what, exc or "error")
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
         self.worker.stop_event.wait(self.delay)
+
+
+def wait_idle(worker: WorkerHost, pause: Backoff, paused: bool) -> None:
+    """Nothing to claim: block until woken, or until the next scheduled id is due."""
+    if paused:
+        # Not on the wake list: its tokens would only spin a paused thread.
+        worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
+        return
+    try:
+        worker.queue.wait(idle_timeout(worker))
+    except RedisError as exc:
+        pause.wait("Redis", exc)
+
+
+def idle_timeout(worker: WorkerHost) -> float:
+    """How long to block on the wake token: at most until the next scheduled id is due.
+
+    Nothing wakes a worker when a scheduled id falls due (only pushes do), and
+    promotion happens in the claim. Without this, ids held for a rate limit's
+    slot, retries and ``send_at`` mail would wait up to BLOCK_TIMEOUT past
+    their time, and a limit's slots would go by unused.
+    """
+    timeout = outbox_settings.BLOCK_TIMEOUT
+    due = worker.queue.next_scheduled_at()
+    if due is not None:
+        # Never 0: BLPOP would block for ever.
+        timeout = max(0.01, min(timeout, due - worker.clock.time()))
+    return timeout
 
 
 def close_quietly(backend: BaseEmailBackend) -> None:

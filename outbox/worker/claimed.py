@@ -13,17 +13,14 @@ from __future__ import annotations
 
 import logging
 import uuid
-from typing import TYPE_CHECKING
 
 from django.db import transaction
 
 from ..models import Delivery
-from ..queue import Claimed
+from ..queue.reliable import Claimed
 from . import sql
+from .host import WorkerHost
 from .outcomes import Started
-
-if TYPE_CHECKING:
-    from .process import Worker
 
 logger = logging.getLogger("outbox.worker")
 
@@ -31,7 +28,7 @@ Status = Delivery.Status
 
 
 def started_from(
-    worker: Worker,
+    worker: WorkerHost,
     item: Claimed,
     token: uuid.UUID,
     claimed: sql.ClaimedRow | None,

@@ -1,12 +1,12 @@
 """One sender thread's delivery connections: the default one, and one per mailer it used.
 
-An email that names a mailer (``Email.mailer``, see ``outbox/mailers.py``) is
+An email that names a mailer (``Email.mailer``, see ``outbox/mail/mailers.py``) is
 sent through that mailer's connection; every other email through the
 thread's default connection, as before mailers existed: for those the lookup
 is one test of an empty string.
 
 A mailer's connection is created the first time the thread sends one of its
-emails (``SEND_TIMEOUT`` applied by :func:`outbox.mailers.get_connection`),
+emails (``SEND_TIMEOUT`` applied by :func:`outbox.mail.mailers.get_connection`),
 and then lives as long as the thread. Every connection, the default one
 included, follows the same rules:
 
@@ -23,8 +23,8 @@ from __future__ import annotations
 
 from django.core.mail.backends.base import BaseEmailBackend
 
-from ..backends import watch_handover
-from ..mailers import get_connection
+from ..mail.handover import watch_handover
+from ..mail.mailers import get_connection
 from .backoff import close_quietly
 
 

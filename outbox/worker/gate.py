@@ -5,11 +5,11 @@ Two checks, each a small hook in the sender loop (``loop.py``):
 - **before marking a row**, :meth:`Gate.paused`: a global pause (read from the
   claim replies, or again from Redis when the view is older than
   ``control.MAX_AGE``) makes the thread give back its claimed ids instead of
-  sending them (``outbox/control.py``);
+  sending them (``outbox/queue/control.py``);
 - **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
   (and its email's mailer) is now known. A paused domain, a domain slowed down
   after a 421/450, or a rate limit with no free slot (its domain's, its
-  mailer's or ``"*"``, taken together; ``outbox/ratelimit.py``) gives the row back:
+  mailer's or ``"*"``, taken together; ``outbox/queue/ratelimit.py``) gives the row back:
   ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
   puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
   the moment it may go, and the id goes to ``scheduled`` for that moment
@@ -26,20 +26,17 @@ back is safe).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from redis.exceptions import RedisError
 
-from .. import control, ratelimit
-from ..clock import from_timestamp
 from ..conf import outbox_settings
 from ..models import Delivery
-from ..queue import QueueEntry
+from ..queue import control, ratelimit
+from ..queue.clock import from_timestamp
+from ..queue.reliable import QueueEntry
 from . import sql
+from .host import WorkerHost
 from .outcomes import Started
-
-if TYPE_CHECKING:
-    from .process import Worker
 
 logger = logging.getLogger("outbox.worker")
 
@@ -52,7 +49,7 @@ REDIS_DOWN_DELAY = 1.0
 class Gate:
     """Sending control for the threads of one worker process."""
 
-    def __init__(self, worker: Worker) -> None:
+    def __init__(self, worker: WorkerHost) -> None:
         self.worker = worker
 
     def observe(self, fields: dict[str, str] | None) -> control.ControlState:

@@ -1,19 +1,9 @@
 """One sender thread's loop: claim ids, mark a row, send it, settle it, repeat.
 
 The loop reads as the protocol does (see the package docstring): each step is
-one call into the room that owns it. Its state lives in named attributes of
-one :class:`SenderLoop`, one per thread:
-
-``pending``     ids claimed from Redis, not yet looked at
-``acks``        ids finished since the last claim (forgotten by the next one)
-``tokens``      claim tokens to reuse when a claim UPDATE must be retried
-``settlement``  the outcome of the message in hand, not yet written
-``nonce``       the claim to repeat after a lost reply, or None
-``connections`` the delivery connections: the default one, one per mailer used
-
-Each step's own work lives in its room (``sql``, ``claimed``, ``outcomes``,
-``gate``, ``connections``, ``backoff``); this holds their order and the
-retries between them.
+one call into the room that owns it (``sql``, ``claimed``, ``outcomes``,
+``gate``, ``connections``, ``backoff``); this holds their order, the retries
+between them, and the thread's state in named attributes of :class:`SenderLoop`.
 """
 
 from __future__ import annotations
@@ -26,35 +16,24 @@ import uuid
 from collections import deque
 from contextlib import nullcontext
 from datetime import datetime
-from typing import TYPE_CHECKING
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
-from ..conf import outbox_settings
 from ..exceptions import DeliveryError
-from ..message import build_message
+from ..mail.message import build_message
 from ..models import Attempt, Delivery
-from ..queue import Claimed, QueueEntry
+from ..queue.reliable import Claimed, QueueEntry
 from . import sql
-from .backoff import Backoff, drop_db_connection
+from .backoff import Backoff, drop_db_connection, wait_idle
 from .claimed import started_from
 from .connections import Connections
 from .faults import fault
 from .gate import Gate
-from .outcomes import (
-    Settlement,
-    Started,
-    failure,
-    persist,
-    sent_but_not_ours,
-    write_outcome,
-)
+from .host import WorkerHost
+from .outcomes import Settlement, Started, failure, persist, sent_but_not_ours, write_outcome
 from .report import announce
-
-if TYPE_CHECKING:
-    from .process import Worker
 
 logger = logging.getLogger("outbox.worker")
 
@@ -65,20 +44,20 @@ Outcome = Attempt.Outcome
 class SenderLoop:
     """The claim-mark-send-settle loop of one thread of a :class:`Worker`."""
 
-    def __init__(self, worker: Worker, index: int, backend: BaseEmailBackend) -> None:
+    def __init__(self, worker: WorkerHost, index: int, backend: BaseEmailBackend) -> None:
         self.worker = worker
         self.index = index
         # The default connection (``backend``) and, created on first use, one per mailer.
         self.connections = Connections(backend)
-        self.pending: deque[Claimed] = deque()
-        self.acks: list[int] = []
-        self.tokens: dict[int, uuid.UUID] = {}
+        self.pending: deque[Claimed] = deque()  # claimed from Redis, not yet looked at
+        self.acks: list[int] = []  # finished since the last claim (forgotten by the next)
+        self.tokens: dict[int, uuid.UUID] = {}  # to reuse when a step must be retried
         # Claim tokens and nonces need to be unique, not secret: drawn from a
         # generator seeded once per thread, not from os.urandom() per email,
         # whose system call hands the GIL to another thread every time.
         self.random = random.Random(os.urandom(32))
-        self.settlement: Settlement | None = None
-        self.nonce: str | None = None
+        self.settlement: Settlement | None = None  # the outcome in hand, not yet written
+        self.nonce: str | None = None  # the claim to repeat after a lost reply
         self.generation = worker.generation
         self.pause = Backoff(worker)
         self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
@@ -88,6 +67,9 @@ class SenderLoop:
         try:
             while not self.worker.stop_event.is_set():
                 self._forget_claims_of_a_dead_incarnation()
+                if self.worker.lease_left() <= 0:
+                    self._wait_for_the_lease()
+                    continue
                 if not self.pending:
                     more = self._claim()
                     if more is None:
@@ -109,6 +91,17 @@ class SenderLoop:
             self._settle_alone()
             self._give_back()
             self.connections.close_mailers()
+
+    def _wait_for_the_lease(self) -> None:
+        """No heartbeat has renewed the lease lately (Redis away, or we were frozen).
+
+        A send would be refused, so claiming or marking now would only churn
+        rows through ``released``, and leave one ``processing`` for the sweeper
+        to flag when it declares us dead. Write the outcome in hand and wait
+        for a heartbeat instead; the ids in hand stay claimed.
+        """
+        self._settle_alone()
+        self.pause.wait("the heartbeat lease", None)
 
     def _new_token(self) -> uuid.UUID:
         return uuid.UUID(int=self.random.getrandbits(128), version=4)
@@ -159,29 +152,7 @@ class SenderLoop:
     def _idle(self, paused: bool = False) -> None:
         # Idle: close rather than let the server time us out mid-send.
         self.connections.close_open()
-        if paused:
-            # Not on the wake list: its tokens would only spin a paused thread.
-            self.worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
-            return
-        try:
-            self.worker.queue.wait(self._idle_timeout())
-        except RedisError as exc:
-            self.pause.wait("Redis", exc)
-
-    def _idle_timeout(self) -> float:
-        """How long to block on the wake token: at most until the next scheduled id is due.
-
-        Nothing wakes a worker when a scheduled id falls due (only pushes do), and
-        promotion happens in the claim. Without this, ids held for a rate limit's
-        slot, retries and ``send_at`` mail would wait up to BLOCK_TIMEOUT past
-        their time, and a limit's slots would go by unused.
-        """
-        timeout = outbox_settings.BLOCK_TIMEOUT
-        due = self.worker.queue.next_scheduled_at()
-        if due is not None:
-            # Never 0: BLPOP would block for ever.
-            timeout = max(0.01, min(timeout, due - self.worker.clock.time()))
-        return timeout
+        wait_idle(self.worker, self.pause, paused)
 
     def _hold_while_paused(self) -> None:
         """Paused by the operator: write the outcome in hand, give back the claimed ids."""
@@ -377,8 +348,8 @@ class SenderLoop:
     def _give_back(self) -> None:
         """Return claimed-but-unstarted ids to the ready lists (pause, shutdown, quota).
 
-        If Redis refuses, they stay in the processing list, where the sweeper
-        finds them once this incarnation is gone (deregistering never deletes
+        If Redis refuses, they may stay in the processing list, where the
+        mirror check or the sweeper finds them (deregistering never deletes
         them). An outcome that could not be written is not acknowledged, so
         its id stays there too, and so does a row whose claim could not be
         undone (see :meth:`_unclaim_pending`).
@@ -390,15 +361,16 @@ class SenderLoop:
         entries = [QueueEntry(c.id, c.priority, now) for c in self.pending if c not in kept]
         try:
             self.worker.queue.release(self.worker.worker_id, entries, acks=self.acks)
-            self.pending = deque(kept)
-            self.acks = []
         except RedisError as exc:
+            # It may have been applied (a lost reply): never repeat it, or its
+            # acks could remove another thread's copy of a duplicate id. An id
+            # still in our list is pushed by the mirror check (a queued row
+            # held past the grace) or by the sweeper once we are gone.
             logger.warning(
-                "could not give back %d claimed ids (%s); the sweeper will, once this "
-                "worker is gone",
-                len(entries),
-                exc,
+                "could not give back %d claimed ids (%s); the sweeper will", len(entries), exc
             )
+        self.pending = deque(kept)
+        self.acks = []
 
     def _unclaim_pending(self) -> tuple[list[Claimed], list[Claimed]]:
         """Set back the rows a committed claim may hold: (items set back, items it could not).

@@ -35,9 +35,9 @@ from django.db import DatabaseError, transaction
 from django.db.models import F
 
 from ..conf import outbox_settings
-from ..failures import FailureKind, classify
+from ..mail.failures import FailureKind, classify
 from ..models import Attachment, Attempt, Delivery, Email
-from ..queue import QueueEntry
+from ..queue.reliable import QueueEntry
 from ..suppression import add_refused, refused_recipients
 from .sql import mark_sent
 

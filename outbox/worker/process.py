@@ -34,11 +34,11 @@ from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from redis.exceptions import RedisError
 
-from ..backends import get_delivery_connection
-from ..clock import RedisClock
 from ..conf import outbox_settings
-from ..control import ControlView
-from ..queue import QueueEntry, RedisQueue
+from ..mail.targets import get_delivery_connection
+from ..queue.clock import RedisClock
+from ..queue.control import ControlView
+from ..queue.reliable import QueueEntry, RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit
@@ -92,7 +92,7 @@ class Worker:
         self.stats = Stats()
         self.clock = RedisClock()
         self.emails = EmailCache()
-        # The operator's switches as the claims saw them (outbox/control.py).
+        # The operator's switches as the claims saw them (outbox/queue/control.py).
         self.control = ControlView()
         # Bumped at every new incarnation: ids claimed under an older one are
         # the sweeper's now.

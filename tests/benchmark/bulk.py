@@ -83,7 +83,7 @@ class BulkMixin:
         # Import costs outside the timing.
         from post_office.mail import send_many  # noqa: F401
 
-        from outbox.bulk import enqueue_many  # noqa: F401
+        from outbox.enqueue.bulk import enqueue_many  # noqa: F401
 
         n = self.sizes.bulk_templates
         rows = [

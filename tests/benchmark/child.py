@@ -310,7 +310,7 @@ class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin):
         self.log(f"counts: {json.dumps(self.extra['counts'])}")
 
     def bench_profile(self) -> None:
-        from outbox.backends import get_delivery_connection
+        from outbox.mail.targets import get_delivery_connection
         from outbox.worker import Worker
 
         n = self.sizes.counts

@@ -126,8 +126,8 @@ class DashboardMixin:
         """What the dashboard reports next to an exact count of every status (untimed)."""
         from django.db.models import Count
 
-        from outbox import status
         from outbox.models import Delivery
+        from outbox.status import snapshot as status
 
         exact = dict(
             Delivery.objects.order_by()

@@ -2,7 +2,7 @@
 
 Every block of 10,000 consecutive numbers of ``generate_series`` gets the same
 mix, so any size keeps the proportions (a million rows: 4,800 queued, just under
-:data:`outbox.status.COMPARE_LIMIT`, so the id-by-id comparison with Redis is
+:data:`outbox.status.snapshot.COMPARE_LIMIT`, so the id-by-id comparison with Redis is
 part of what is timed):
 
 ====================  =======  ===================================================

@@ -3,7 +3,7 @@
 ``Instruments`` counts SQL statements (an execute_wrapper on every connection),
 commits (wrapping the backend's ``_commit``, plus autocommit statements), Redis
 round trips (wrapping redis-py's ``execute_command`` and ``Pipeline.execute``,
-and ``outbox.direct``'s ``evalsha``, which sends without them)
+and ``outbox.queue.direct``'s ``evalsha``, which sends without them)
 and the servers' own counters (pg_stat_database, pg_stat_wal, INFO stats).
 ``profile_table`` renders a cProfile run as a short table.
 """
@@ -108,7 +108,7 @@ class Instruments:
             with self.lock:
                 self.connects += 1
 
-        from outbox.direct import DirectConnections
+        from outbox.queue.direct import DirectConnections
 
         orig_commit = BaseDatabaseWrapper._commit
         orig_exec = redis.Redis.execute_command

@@ -1,4 +1,4 @@
-"""``manage.py outbox_pause``: stop sending everywhere, or for one domain (see outbox.control)."""
+"""``manage.py outbox_pause``: stop sending everywhere, or for one domain (see outbox.queue.control)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from django.core.exceptions import ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
-from outbox import control
+from ...queue import control
 
 
 class Command(BaseCommand):

@@ -7,7 +7,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from outbox.status import collect, render, watch_loop
+from ...status import collect, render, watch_loop
 
 CLEAR_SCREEN = "\033[H\033[2J"
 

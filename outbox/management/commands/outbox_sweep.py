@@ -10,7 +10,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from outbox.sweeper import Sweeper
+from ...sweeper.sweep import Sweeper
 
 
 class Command(BaseCommand):

@@ -17,9 +17,9 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from outbox.models import Delivery
-from outbox.worker import Worker
-from outbox.worker.supervisor import Supervisor, child_command
+from ...models import Delivery
+from ...worker import Worker
+from ...worker.supervisor import Supervisor, child_command
 
 VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: logging.DEBUG}
 

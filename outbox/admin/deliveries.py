@@ -1,0 +1,383 @@
+"""The operator's view of the outbox.
+
+Deliveries are read-only here: nothing in the admin saves a row it has read
+(a worker may be changing it at that moment). The only way to change a row is
+one of the actions, each a call to :mod:`outbox.operations`, which changes only
+rows in the statuses it allows (never a row that is processing right now) and
+writes an :class:`~outbox.models.Attempt` with the acting user as its actor.
+
+The delivery list is built for tables of millions of rows: one query for the
+page (the email's subject comes in by a join), no full-table count where
+PostgreSQL can estimate it, and no facet counts.
+
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from django.contrib import admin, messages
+from django.contrib.admin.utils import flatten_fieldsets
+from django.contrib.auth import get_permission_codename
+from django.db.models import Count, QuerySet
+from django.db.models.functions import Length
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from .. import operations
+from ..models import Attachment, Attempt, Delivery, Email
+from ..operations import TransitionResult
+from .cells import compact_time, recipient_and_subject, status_badge
+
+# Re-exported: its import path before it had a module of its own.
+from .paginator import EstimatedCountPaginator
+
+Status = Delivery.Status
+
+# Django >= 6.1 can offer an action on the change form too: there it settles
+# the one delivery the operator is looking at.
+if hasattr(admin, "ActionLocation"):
+    _ACTION_LOCATIONS: dict[str, Any] = {
+        "location": [admin.ActionLocation.CHANGE_LIST, admin.ActionLocation.CHANGE_FORM]
+    }
+else:  # pragma: no cover - Django < 6.1
+    _ACTION_LOCATIONS = {}
+
+
+def _has_model_perm(request: HttpRequest, model: type[Any], actions: Iterable[str]) -> bool:
+    opts = model._meta
+    return any(
+        request.user.has_perm(f"{opts.app_label}.{get_permission_codename(action, opts)}")
+        for action in actions
+    )
+
+
+class _ReadOnlyInline(admin.TabularInline):
+    """An inline that shows rows and never adds, changes or deletes one."""
+
+    extra = 0
+    can_delete = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class _PartOfParentInline(_ReadOnlyInline):
+    """Rows that are part of their parent's record and have no admin of their own.
+
+    Whoever may see the parent sees them; no separate permission is needed.
+    """
+
+    def has_view_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _has_model_perm(request, self.parent_model, ("view", "change"))
+
+
+# -- deliveries -------------------------------------------------------------------
+
+
+class AttemptInline(_PartOfParentInline):
+    model = Attempt
+    verbose_name = _("attempt")
+    verbose_name_plural = _("attempts and operator decisions")
+    fields = ("number", "worker_id", "started_at", "finished_at", "outcome", "error", "actor")
+    readonly_fields = fields
+
+
+@admin.register(Delivery)
+class DeliveryAdmin(admin.ModelAdmin):
+    # Fits a 1,366 px window beside the app list and the filters: the subject
+    # under the recipient takes what the short columns leave, cut to fit, the
+    # full text in a tooltip (the template's CSS). Priority is a filter; the
+    # worker, the claim and the processing start are on the delivery's page.
+    change_list_template = "admin/outbox/delivery_change_list.html"
+    list_display = (
+        "recipient_display",
+        "status_display",
+        "attempts_display",
+        "sent_display",
+        "updated_display",
+    )
+    list_select_related = ("email",)
+    list_filter = ("status", "priority", "updated_at", "created_at")
+    search_fields = ("recipient", "message_id", "email__subject")
+    search_help_text = _("Search by recipient, Message-ID or subject.")
+    ordering = ("-id",)
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
+    actions = ("requeue", "mark_sent", "mark_failed", "cancel")
+    fieldsets = (
+        (
+            None,
+            {"fields": ("recipient", "email", "message_id", "status_display", "priority")},
+        ),
+        (
+            _("Sending"),
+            {
+                "fields": (
+                    ("attempts", "max_attempts"),
+                    ("not_before", "expires_at"),
+                    "worker_id",
+                    "claim_token",
+                    "processing_started_at",
+                    "sent_at",
+                    "last_error",
+                )
+            },
+        ),
+        (_("Record"), {"fields": ("idempotency_key", "created_at", "updated_at")}),
+    )
+    readonly_fields = tuple(flatten_fieldsets(fieldsets))
+    inlines = (AttemptInline,)
+
+    # -- columns
+
+    @admin.display(description=_("recipient and subject"), ordering="recipient")
+    def recipient_display(self, obj: Delivery) -> SafeString:
+        return recipient_and_subject(obj.recipient, obj.email.subject)
+
+    @admin.display(description=_("sent"), ordering="sent_at")
+    def sent_display(self, obj: Delivery) -> SafeString | None:
+        return compact_time(obj.sent_at)
+
+    @admin.display(description=_("updated"), ordering="updated_at")
+    def updated_display(self, obj: Delivery) -> SafeString | None:
+        return compact_time(obj.updated_at)
+
+    @admin.display(description=_("status"), ordering="status")
+    def status_display(self, obj: Delivery) -> SafeString:
+        return status_badge(obj.status)
+
+    @admin.display(description=_("attempts"), ordering="attempts")
+    def attempts_display(self, obj: Delivery) -> str:
+        return f"{obj.attempts}/{obj.max_attempts}"
+
+    # -- permissions: rows change only through the actions
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        # The model-level check decides who may run the actions. A single row
+        # is never edited through its form: saving it would write back every
+        # column as it was read, over whatever a worker did meanwhile.
+        if obj is not None:
+            return False
+        return super().has_change_permission(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Delivery | None = None) -> bool:
+        # Also keeps the site-wide "delete selected" action away.
+        return False
+
+    # -- actions
+
+    @admin.action(
+        permissions=["change"], description=_("Requeue (send again)"), **_ACTION_LOCATIONS
+    )
+    def requeue(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        self._run(
+            request,
+            queryset,
+            operations.requeue,
+            lambda n: ngettext("Requeued %(count)d delivery.", "Requeued %(count)d deliveries.", n),
+        )
+
+    @admin.action(
+        permissions=["change"],
+        description=_("Mark as sent (confirmed in the mail logs)"),
+        **_ACTION_LOCATIONS,
+    )
+    def mark_sent(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        self._run(
+            request,
+            queryset,
+            operations.mark_sent,
+            lambda n: ngettext(
+                "Marked %(count)d delivery as sent.", "Marked %(count)d deliveries as sent.", n
+            ),
+        )
+
+    @admin.action(permissions=["change"], description=_("Mark as failed"), **_ACTION_LOCATIONS)
+    def mark_failed(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        self._run(
+            request,
+            queryset,
+            operations.mark_failed,
+            lambda n: ngettext(
+                "Marked %(count)d delivery as failed.",
+                "Marked %(count)d deliveries as failed.",
+                n,
+            ),
+        )
+
+    @admin.action(permissions=["change"], description=_("Cancel"), **_ACTION_LOCATIONS)
+    def cancel(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        self._run(
+            request,
+            queryset,
+            operations.cancel,
+            lambda n: ngettext(
+                "Cancelled %(count)d delivery.", "Cancelled %(count)d deliveries.", n
+            ),
+        )
+
+    def _run(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Delivery],
+        operation: Callable[[Iterable[int], str], TransitionResult],
+        changed_message: Callable[[int], str],
+    ) -> None:
+        actor = f"admin:{request.user.get_username()}"
+        result = operation(queryset.values_list("pk", flat=True), actor)
+        count = len(result.changed)
+        message = changed_message(count) % {"count": count}
+        skipped = sum(result.skipped.values())
+        if skipped:
+            message += " " + ngettext(
+                "Skipped %(count)d: %(reasons)s.", "Skipped %(count)d: %(reasons)s.", skipped
+            ) % {"count": skipped, "reasons": skip_reasons(result.skipped)}
+        self.message_user(request, message, messages.WARNING if skipped else messages.SUCCESS)
+
+
+def skip_reasons(skipped: Counter[str]) -> str:
+    """Skipped rows by their current status, in life-cycle order: "1 processing, 2 sent"."""
+    order = {status: index for index, status in enumerate(Status.values)}
+    parts = []
+    for status in sorted(skipped, key=lambda s: (order.get(s, len(order)), s)):
+        if status in Status.values:
+            label = str(Status(status).label)
+        elif status == "deleted":
+            label = gettext("deleted")
+        else:
+            label = status
+        parts.append(gettext("%(count)d %(status)s") % {"count": skipped[status], "status": label})
+    return ", ".join(parts)
+
+
+# -- emails -----------------------------------------------------------------------
+
+
+class FirstRowsInlineFormSet(BaseInlineFormSet):
+    """Shows only the first :attr:`limit` related rows: an email may have 100,000."""
+
+    limit = 100
+
+    def get_queryset(self) -> QuerySet[Any]:
+        queryset = super().get_queryset()
+        if not queryset.query.is_sliced:
+            queryset = self._queryset = queryset[: self.limit]
+        return queryset
+
+
+class DeliveryInline(_ReadOnlyInline):
+    model = Delivery
+    formset = FirstRowsInlineFormSet
+    fields = ("recipient", "status_display", "attempts", "sent_at", "updated_at", "message_id")
+    readonly_fields = fields
+    show_change_link = True
+
+    @admin.display(description=_("status"))
+    def status_display(self, obj: Delivery) -> SafeString:
+        return status_badge(obj.status)
+
+
+class AttachmentInline(_PartOfParentInline):
+    model = Attachment
+    fields = ("name", "mimetype", "size")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attachment]:
+        # The size comes from the database; the content itself is never loaded.
+        return super().get_queryset(request).defer("content").annotate(size=Length("content"))
+
+    @admin.display(description=_("size"))
+    def size(self, obj: Attachment) -> str:
+        size: int = getattr(obj, "size")  # noqa: B009 (an annotation, unknown to the type)
+        if size < 1024:
+            return filesizeformat(size)
+        return ngettext("%(size)s (%(count)d byte)", "%(size)s (%(count)d bytes)", size) % {
+            "size": filesizeformat(size),
+            "count": size,
+        }
+
+
+@admin.register(Email)
+class EmailAdmin(admin.ModelAdmin):
+    list_display = ("subject_display", "from_email", "created_at")
+    list_filter = ("created_at",)
+    search_fields = ("subject",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
+    actions = None
+    fields = (
+        "subject",
+        "from_email",
+        "mailer",
+        "reply_to",
+        "headers",
+        "created_at",
+        "deliveries_summary",
+        "body",
+        "html_message",
+    )
+    readonly_fields = fields
+    inlines = (DeliveryInline, AttachmentInline)
+
+    @admin.display(description=_("subject"), ordering="subject")
+    def subject_display(self, obj: Email) -> str:
+        return Truncator(obj.subject).chars(80)
+
+    @admin.display(description=_("deliveries"))
+    def deliveries_summary(self, obj: Email) -> SafeString:
+        counts = dict(
+            obj.deliveries.order_by()
+            .values("status")
+            .annotate(n=Count("pk"))
+            .values_list("status", "n")
+        )
+        total = sum(counts.values())
+        url = reverse(f"{self.admin_site.name}:outbox_delivery_changelist")
+        by_status = format_html_join(
+            ", ",
+            "{} {}",
+            ((counts[s], Status(s).label) for s in Status.values if s in counts),
+        )
+        limit = FirstRowsInlineFormSet.limit
+        return format_html(
+            '{}: {}. {} <a href="{}?email__id__exact={}">{}</a>',
+            ngettext("%(count)d delivery", "%(count)d deliveries", total) % {"count": total},
+            by_status or "-",
+            gettext("The first %(limit)d are listed below.") % {"limit": limit}
+            if total > limit
+            else "",
+            url,
+            obj.pk,
+            gettext("Show them in the delivery list"),
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Email | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Email | None = None) -> bool:
+        return False

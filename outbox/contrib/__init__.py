@@ -1,0 +1,1 @@
+"""Optional integrations with other packages: ``anymail`` (ESP events)."""

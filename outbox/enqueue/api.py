@@ -1,0 +1,346 @@
+"""Put email in the outbox: one validated write path, two ways in.
+
+``enqueue_email`` takes ``send_mail``-style arguments and gives each recipient
+a copy addressed to them alone. The outbox email backend
+(:class:`outbox.backends.OutboxBackend`) hands over Django ``EmailMessage``
+objects through :func:`prepare_message` and :func:`write_prepared`: every
+envelope recipient (To, Cc and Bcc) gets one delivery, and the To and Cc
+headers the sender wrote are stored in ``Email.headers`` so that every copy
+shows them (see :mod:`outbox.mail.message`).
+
+Both paths validate everything before writing, write the rows in the caller's
+transaction, and push ids to Redis only after the commit.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from functools import partial
+from typing import Any
+
+from django.db import connections, router, transaction
+from django.utils import timezone
+
+from .. import signals
+from ..mail.message_id import make_message_id, message_id_domain
+from ..models import Attachment, Delivery, Email, EmailTemplate
+from ..queue.publish import publish
+from ..queue.reliable import QueueEntry
+from ..rendering import TemplateCache, render
+from ..suppression import bare_address, suppressed
+
+# Re-exported: the validation step's public names, where callers found them.
+from .prepare import Prepared, prepare
+from .sql import insert_postgresql
+
+logger = logging.getLogger("outbox.enqueue")
+
+# Chunk size of `recipient__in` look-ups (SQLite limits query parameters).
+_IN_CHUNK = 500
+
+
+def enqueue_email(
+    subject: str,
+    message: str,
+    from_email: str | None,
+    recipient_list: Sequence[str],
+    *,
+    html_message: str | None = None,
+    reply_to: Sequence[str] | None = None,
+    headers: dict[str, str] | None = None,
+    attachments: Sequence[tuple[str, bytes | str, str | None]] | None = None,
+    send_at: datetime | None = None,
+    priority: str = "normal",
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    expires_at: datetime | None = None,
+    mailer: str | None = None,
+) -> list[Delivery]:
+    """Queue an email: one :class:`~outbox.models.Delivery` per distinct recipient.
+
+    The first four arguments mean what they mean in
+    :func:`django.core.mail.send_mail`; ``from_email=None`` uses
+    ``DEFAULT_FROM_EMAIL``. Each recipient gets a copy addressed to them alone.
+
+    Transactional: called inside ``transaction.atomic()``, the rows belong to the
+    caller's transaction and a rollback means no email, ever. Row ids are pushed
+    to Redis only after the commit; if Redis is unreachable then, a warning is
+    logged and ``outbox_sweep`` mirrors the rows later.
+
+    With ``idempotency_key``, a recipient that already has a delivery under that
+    key gets no new one: the existing delivery is returned instead, also when
+    two calls race.
+
+    With ``expires_at`` (an aware datetime after now and after ``send_at``), a
+    delivery not sent by then is never sent: it ends ``cancelled``. A
+    recipient on the suppression list (:mod:`outbox.suppression`) gets a
+    delivery that is ``cancelled`` at once and never pushed.
+
+    With ``mailer`` (an alias of ``MAILERS`` on Django 6.1, else a key of
+    ``OUTBOX["BACKENDS"]``), the worker delivers every copy through that
+    backend instead of its default one (see :mod:`outbox.mail.mailers`); an
+    unknown mailer is a ``ValidationError`` on ``mailer``.
+
+    Raises :class:`~django.core.exceptions.ValidationError` naming the field for
+    bad input (and :class:`TypeError` for a value of the wrong type) before
+    anything is written.
+    """
+    prepared = prepare_email(
+        subject,
+        message,
+        from_email,
+        recipient_list,
+        html_message=html_message,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        mailer=mailer,
+    )
+    return write_one(prepared)
+
+
+def enqueue_template(
+    name: str,
+    context: Mapping[str, Any],
+    from_email: str | None,
+    recipient_list: Sequence[str],
+    *,
+    language: str | None = None,
+    reply_to: Sequence[str] | None = None,
+    headers: dict[str, str] | None = None,
+    attachments: Sequence[tuple[str, bytes | str, str | None]] | None = None,
+    send_at: datetime | None = None,
+    priority: str = "normal",
+    idempotency_key: str | None = None,
+    max_attempts: int | None = None,
+    expires_at: datetime | None = None,
+    mailer: str | None = None,
+) -> list[Delivery]:
+    """Render the template ``name`` with ``context`` and queue the result.
+
+    The template is looked up for ``language`` (default
+    ``settings.LANGUAGE_CODE``) in the database, then in template files; see
+    :mod:`outbox.rendering` for the order and the rendering rules. Every
+    recipient gets the same rendered email (for one context per recipient, use
+    :func:`outbox.enqueue_many`). The other arguments, the return value and
+    the transactional behaviour are those of :func:`enqueue_email`.
+
+    Raises :class:`~django.core.exceptions.ValidationError` naming the
+    template and the part when it is missing, does not compile or fails to
+    render, and nothing is written.
+    """
+    prepared = prepare_template(
+        TemplateCache(router.db_for_read(EmailTemplate)),
+        name,
+        context,
+        from_email,
+        recipient_list,
+        language=language,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        mailer=mailer,
+    )
+    return write_one(prepared)
+
+
+def prepare_email(
+    subject: Any,
+    message: Any,
+    from_email: Any = None,
+    recipient_list: Any = (),
+    *,
+    html_message: Any = None,
+    reply_to: Any = None,
+    headers: Any = None,
+    attachments: Any = None,
+    send_at: Any = None,
+    priority: Any = "normal",
+    idempotency_key: Any = None,
+    max_attempts: Any = None,
+    expires_at: Any = None,
+    mailer: Any = None,
+) -> Prepared:
+    """Validate :func:`enqueue_email`'s arguments (with its defaults); write nothing."""
+    return prepare(
+        subject,
+        message,
+        from_email,
+        recipient_list,
+        html_message=html_message,
+        reply_to=reply_to,
+        headers=headers,
+        attachments=attachments,
+        send_at=send_at,
+        priority=priority,
+        idempotency_key=idempotency_key,
+        max_attempts=max_attempts,
+        expires_at=expires_at,
+        mailer=mailer,
+    )
+
+
+def prepare_template(
+    cache: TemplateCache,
+    name: Any,
+    context: Any = None,
+    from_email: Any = None,
+    recipient_list: Any = (),
+    *,
+    language: Any = None,
+    **options: Any,
+) -> Prepared:
+    """Render and validate :func:`enqueue_template`'s arguments; write nothing.
+
+    The defaults (no context, ``DEFAULT_FROM_EMAIL``) serve ``enqueue_many``'s
+    items, which may leave those keys out.
+    """
+    compiled = cache.get(name, language)
+    subject, text, html = render(compiled, {} if context is None else context)
+    return prepare_email(subject, text, from_email, recipient_list, html_message=html, **options)
+
+
+def write_prepared(prepared: Sequence[Prepared]) -> list[list[Delivery]]:
+    """Write validated emails in one transaction (a savepoint in the caller's)."""
+    using = router.db_for_write(Delivery)
+    with transaction.atomic(using=using):
+        return [write_one(p) for p in prepared]
+
+
+def write_one(p: Prepared) -> list[Delivery]:
+    using = router.db_for_write(Delivery)
+    now = timezone.now()
+    not_before = p.send_at or now
+    domain = message_id_domain(p.from_email)
+    if (
+        p.idempotency_key is None
+        and not p.attachments
+        and connections[using].vendor == "postgresql"
+    ):
+        return _write_postgresql(p, using, now, not_before, domain)
+    # One indexed query for every recipient of the call (on the PostgreSQL
+    # path above it is part of the INSERT statement).
+    stopped = suppressed(using, [bare_address(r) for r in p.recipients])
+    with transaction.atomic(using=using):
+        existing: dict[str, Delivery] = {}
+        if p.idempotency_key is not None:
+            existing = _existing(using, p.idempotency_key, p.recipients)
+        missing = [r for r in p.recipients if r not in existing]
+        if not missing:
+            return [existing[r] for r in p.recipients]
+
+        email = _email(p, now)
+        email.save(force_insert=True, using=using)
+        if p.attachments:
+            Attachment.objects.using(using).bulk_create(
+                Attachment(email=email, name=name, content=content, mimetype=mimetype)
+                for name, content, mimetype in p.attachments
+            )
+        rows = [
+            Delivery(
+                email=email,
+                recipient=recipient,
+                status=Delivery.Status.CANCELLED if why else Delivery.Status.QUEUED,
+                last_error=why,
+                priority=p.priority,
+                max_attempts=p.max_attempts,
+                not_before=not_before,
+                expires_at=p.expires_at,
+                message_id=make_message_id(domain),
+                idempotency_key=p.idempotency_key,
+                created_at=now,
+                updated_at=now,
+            )
+            for recipient in missing
+            for why in [stopped.get(bare_address(recipient), "")]
+        ]
+        if p.idempotency_key is None:
+            created = Delivery.objects.using(using).bulk_create(rows)
+        else:
+            # A concurrent call with the same key may insert the same
+            # (key, recipient) first: ON CONFLICT DO NOTHING waits for it and
+            # skips, and the re-read below returns whichever row won.
+            Delivery.objects.using(using).bulk_create(rows, ignore_conflicts=True)
+            existing = _existing(using, p.idempotency_key, p.recipients)
+            created = [d for d in existing.values() if d.email_id == email.pk]
+            if not created:
+                email.delete()
+
+        if created:
+            entries = queue_entries(created, not_before)
+            transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
+    if p.idempotency_key is None:
+        return created
+    return [existing[r] for r in p.recipients]
+
+
+def _write_postgresql(
+    p: Prepared,
+    using: str,
+    now: datetime,
+    not_before: datetime,
+    domain: str,
+) -> list[Delivery]:
+    """The common case (no idempotency key, no attachments) as one INSERT statement.
+
+    Outside a transaction the statement is atomic on its own, so no
+    BEGIN/COMMIT round trips are spent on it; inside one, it joins it. Either
+    way the Redis push and the signal run after the commit.
+    """
+    message_ids = [make_message_id(domain) for _ in p.recipients]
+    email = _email(p, now)
+    bare = [bare_address(r) for r in p.recipients]
+    created = insert_postgresql(
+        p, email, message_ids, bare, using=using, now=now, not_before=not_before
+    )
+    entries = queue_entries(created, not_before)
+    transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
+    return created
+
+
+def queue_entries(deliveries: Sequence[Delivery], not_before: datetime) -> list[QueueEntry]:
+    """What to push after the commit: only queued rows (a suppressed one is cancelled)."""
+    at = not_before.timestamp()
+    queued = Delivery.Status.QUEUED
+    return [QueueEntry(d.pk, d.priority, at) for d in deliveries if d.status == queued]
+
+
+def _email(p: Prepared, now: datetime) -> Email:
+    return Email(
+        subject=p.subject,
+        body=p.body,
+        html_message=p.html_message,
+        from_email=p.from_email,
+        reply_to=p.reply_to,
+        headers=p.headers,
+        mailer=p.mailer,
+        created_at=now,
+    )
+
+
+def _existing(using: str, key: str, recipients: list[str]) -> dict[str, Delivery]:
+    found: dict[str, Delivery] = {}
+    for start in range(0, len(recipients), _IN_CHUNK):
+        chunk = recipients[start : start + _IN_CHUNK]
+        for delivery in Delivery.objects.using(using).filter(
+            idempotency_key=key, recipient__in=chunk
+        ):
+            found[delivery.recipient] = delivery
+    return found
+
+
+def _after_commit(email: Email, deliveries: list[Delivery], entries: list[QueueEntry]) -> None:
+    publish(entries)
+    signals.email_enqueued.send_robust(sender=Email, email=email, deliveries=deliveries)

@@ -1,0 +1,284 @@
+"""The raw-SQL writes of enqueueing: ``enqueue_email`` on PostgreSQL, and ``enqueue_many``.
+
+The statements are in ``outbox/statements/``; this runs them and builds the
+rows' model instances without reading them back. Only the writing lives here:
+:mod:`outbox.enqueue.api` and :mod:`outbox.enqueue.bulk` decide when a path applies (no
+idempotency key, no attachments), make the Message-IDs and schedule the Redis
+push and the signal for after the commit.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from django.db import connections
+
+from ..conf import outbox_settings
+from ..db import binding_cursor, loaded_instance
+from ..models import Delivery, Email
+from ..statements import postgresql, sqlite
+from .prepare import Prepared
+
+
+def insert_postgresql(
+    p: Prepared,
+    email: Email,
+    message_ids: Sequence[str],
+    bare: Sequence[str],
+    *,
+    using: str,
+    now: datetime,
+    not_before: datetime,
+) -> list[Delivery]:
+    """Insert ``email`` (unsaved) and one delivery per recipient; return the deliveries.
+
+    ``message_ids`` and ``bare`` (the lower-cased addresses the suppression
+    list is matched on) pair with ``p.recipients``. ``email`` becomes the saved
+    row (its ``pk`` set) and is cached on every delivery returned.
+    """
+    params = {
+        "subject": p.subject,
+        "body": p.body,
+        "html": p.html_message,
+        "from": p.from_email,
+        "reply_to": json.dumps(p.reply_to) if p.reply_to else "[]",
+        "headers": json.dumps(p.headers) if p.headers else "{}",
+        "now": now,
+        "expires_at": p.expires_at,
+        "priority": p.priority,
+        "max_attempts": p.max_attempts,
+        "not_before": not_before,
+        "mailer": p.mailer,
+    }
+    with binding_cursor(connections[using]) as cursor:
+        if outbox_settings.POSTGRESQL_FUNCTIONS and len(p.recipients) == 1:
+            params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
+            cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
+            pk, email_id, reason = cursor.fetchone()[0]
+            returned = [(int(pk), int(email_id), message_ids[0], reason)]
+        else:
+            params.update(
+                recipients=p.recipients,
+                message_ids=list(message_ids),
+                bare=list(bare),
+                queued=Delivery.Status.QUEUED,
+                cancelled=Delivery.Status.CANCELLED,
+            )
+            functions = outbox_settings.POSTGRESQL_FUNCTIONS
+            cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
+            returned = cursor.fetchall()
+    email.pk = returned[0][1]
+    email._state.adding = False
+    email._state.db = using
+    ids = {message_id: pk for pk, _email, message_id, _why in returned}
+    reasons = {message_id: why for _pk, _email, message_id, why in returned}
+    why = [reasons[m] for m in message_ids]
+    return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
+
+
+@functools.cache
+def _delivery_defaults() -> dict[str, Any]:
+    """Delivery's fields with the defaults of those the insert does not set.
+
+    The fields whose default is callable (the timestamps) are always set by
+    the caller, so the defaults are computed once, not once per call.
+    """
+    fields = Delivery._meta.concrete_fields
+    return {f.attname: None if callable(f.default) else f.get_default() for f in fields}
+
+
+def _deliveries(
+    p: Prepared,
+    email: Email,
+    message_ids: Sequence[str],
+    why: Sequence[str],
+    ids: dict[str, int],
+    *,
+    using: str,
+    now: datetime,
+    not_before: datetime,
+) -> list[Delivery]:
+    """The inserted rows as Delivery instances, without reading them back."""
+    template = dict(_delivery_defaults())
+    template.update(
+        email_id=email.pk,
+        status=Delivery.Status.QUEUED,
+        priority=p.priority,
+        max_attempts=p.max_attempts,
+        not_before=not_before,
+        expires_at=p.expires_at,
+        created_at=now,
+        updated_at=now,
+    )
+    cancelled = Delivery.Status.CANCELLED
+    cache = Delivery.email.field
+    created = []
+    for recipient, message_id, reason in zip(p.recipients, message_ids, why, strict=True):
+        values = template.copy()
+        values.update(id=ids[message_id], recipient=recipient, message_id=message_id)
+        if reason:
+            values.update(status=cancelled, last_error=reason)
+        delivery = loaded_instance(Delivery, values, using)
+        cache.set_cached_value(delivery, email)
+        created.append(delivery)
+    return created
+
+
+# -- enqueue_many: a chunk of emails and all their deliveries --------------------------
+
+
+class BulkRow(NamedTuple):
+    """One validated item of :func:`outbox.enqueue_many`, with what the write adds."""
+
+    prepared: Prepared
+    not_before: datetime
+    message_ids: list[str]
+    why: list[str]  # per recipient: why it is suppressed, or ""
+
+
+def insert_many(
+    rows: Sequence[BulkRow], *, using: str, now: datetime
+) -> tuple[list[Email], list[list[Delivery]]]:
+    """Insert one email per row and its deliveries; return both, in row order."""
+    connection = connections[using]
+    emails = [
+        Email(
+            subject=r.prepared.subject,
+            body=r.prepared.body,
+            html_message=r.prepared.html_message,
+            from_email=r.prepared.from_email,
+            reply_to=r.prepared.reply_to,
+            headers=r.prepared.headers,
+            mailer=r.prepared.mailer,
+            created_at=now,
+        )
+        for r in rows
+    ]
+    with binding_cursor(connection) as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows, now))
+            returned = cursor.fetchall()
+            email_ids = {message_id: email_id for _pk, email_id, message_id in returned}
+            for email, r in zip(emails, rows, strict=True):
+                email.pk = email_ids[r.message_ids[0]]
+        else:
+            ops = connection.ops
+            at = ops.adapt_datetimefield_value(now)
+            cursor.execute(sqlite.ENQUEUE_MANY_EMAILS, [at, _emails_json(rows)])
+            for email, (pk,) in zip(emails, sorted(cursor.fetchall()), strict=True):
+                email.pk = pk
+            cursor.execute(
+                sqlite.ENQUEUE_MANY_DELIVERIES,
+                [
+                    Delivery.Status.QUEUED,
+                    Delivery.Status.CANCELLED,
+                    at,
+                    at,
+                    _deliveries_json(rows, emails, ops.adapt_datetimefield_value),
+                ],
+            )
+            returned = [(pk, 0, message_id) for pk, message_id in cursor.fetchall()]
+    ids = {message_id: pk for pk, _email, message_id in returned}
+    deliveries = []
+    for email, r in zip(emails, rows, strict=True):
+        email._state.adding = False
+        email._state.db = using
+        deliveries.append(
+            _deliveries(
+                r.prepared,
+                email,
+                r.message_ids,
+                r.why,
+                ids,
+                using=using,
+                now=now,
+                not_before=r.not_before,
+            )
+        )
+    return emails, deliveries
+
+
+def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]:
+    ps = [r.prepared for r in rows]
+    per_delivery: dict[str, list[Any]] = {
+        name: []
+        for name in (
+            "items",
+            "recipients",
+            "message_ids",
+            "why",
+            "priorities",
+            "max_attempts",
+            "not_befores",
+            "expires",
+        )
+    }
+    for item, r in enumerate(rows, start=1):
+        p = r.prepared
+        n = len(p.recipients)
+        per_delivery["items"] += [item] * n
+        per_delivery["recipients"] += p.recipients
+        per_delivery["message_ids"] += r.message_ids
+        per_delivery["why"] += r.why
+        per_delivery["priorities"] += [p.priority] * n
+        per_delivery["max_attempts"] += [p.max_attempts] * n
+        per_delivery["not_befores"] += [r.not_before] * n
+        per_delivery["expires"] += [p.expires_at] * n
+    return {
+        "email_table": Email._meta.db_table,
+        "count": len(rows),
+        "now": now,
+        "subjects": [p.subject for p in ps],
+        "bodies": [p.body for p in ps],
+        "htmls": [p.html_message for p in ps],
+        "senders": [p.from_email for p in ps],
+        "reply_tos": [json.dumps(p.reply_to) for p in ps],
+        "headers": [json.dumps(p.headers) for p in ps],
+        "mailers": [p.mailer for p in ps],
+        "queued": Delivery.Status.QUEUED,
+        "cancelled": Delivery.Status.CANCELLED,
+        **per_delivery,
+    }
+
+
+def _emails_json(rows: Sequence[BulkRow]) -> str:
+    return json.dumps(
+        [
+            [
+                r.prepared.subject,
+                r.prepared.body,
+                r.prepared.html_message,
+                r.prepared.from_email,
+                json.dumps(r.prepared.reply_to),
+                json.dumps(r.prepared.headers),
+                r.prepared.mailer,
+            ]
+            for r in rows
+        ]
+    )
+
+
+def _deliveries_json(rows: Sequence[BulkRow], emails: Sequence[Email], adapt: Any) -> str:
+    out = []
+    for r, email in zip(rows, emails, strict=True):
+        p = r.prepared
+        not_before = adapt(r.not_before)
+        expires = adapt(p.expires_at) if p.expires_at is not None else None
+        for recipient, message_id, why in zip(p.recipients, r.message_ids, r.why, strict=True):
+            out.append(
+                [
+                    email.pk,
+                    recipient,
+                    message_id,
+                    why,
+                    p.priority,
+                    p.max_attempts,
+                    not_before,
+                    expires,
+                ]
+            )
+    return json.dumps(out)

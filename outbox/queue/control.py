@@ -1,0 +1,259 @@
+"""Pause and resume sending, for everything or one recipient domain.
+
+``manage.py outbox_pause`` / ``outbox_resume`` (``--domain example.com``) call
+:func:`pause` and :func:`resume`; the dashboard and ``outbox_status`` read
+:func:`state`. The switches live in one Redis hash, ``{p}:control`` (its
+fields are listed in ``lua/control.lua``).
+
+**What a pause does.** A global pause stops all claiming everywhere at once:
+the claim script (``lua/claim.lua``) hands out no id while the hash says
+``paused``, and every claim reply carries the hash to the worker. Ids a
+thread had already claimed but not yet marked are given back, not sent: each
+thread looks at the switches before it marks a row, and the worker's view of
+them is never older than :data:`MAX_AGE` seconds (refreshed by every claim
+reply, or read again when it is older). So within about one second of
+:func:`pause` returning no row is marked ``processing``; messages already
+being sent finish. Nothing is lost: rows stay ``queued``, enqueueing goes on,
+and :func:`resume` lets the workers claim again within ``BLOCK_TIMEOUT``.
+
+A paused *domain* is checked after the claim UPDATE, where the recipient is
+known: its rows go back exactly like a rate-limit refusal (not an attempt),
+``PAUSED_DOMAIN_RECHECK`` seconds ahead, so a resume takes effect within that
+interval. Each look costs the row two UPDATEs (the claim and the give-back),
+so a backlog of N rows to a paused domain costs about
+``2 * N / PAUSED_DOMAIN_RECHECK`` writes per second: raise the interval for
+long pauses of a big domain. A domain whose server answered 421 or 450 is
+held the same way until its ``slow:`` time (``THROTTLE_PENALTY``); a 421
+while connecting is about the server as a whole, and holds every domain
+(``slow:*``).
+
+**If Redis loses the hash** (a flush, a restart without persistence), the
+safe default is the state the workers last saw, and a pause is never dropped:
+every worker remembers the hash's generation (``created``) and the pauses it
+saw; when the hash is missing or of another generation, the worker writes its
+remembered pauses back and records ``lost_at``. Until then, and whenever the
+hash is missing, :func:`state` reports the state as unknown. ``outbox_status``
+shows "lost" until an operator runs ``outbox_resume`` (which also clears the
+mark). Why not "paused whenever in doubt": every Redis restart would then
+stop all mail until a person acts, while the pauses anyone set are kept
+anyway by the workers that saw them. What this cannot keep: a pause set while
+no worker runs, lost before any worker started (the status then says
+"unknown").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.utils.translation import gettext_lazy as _
+
+from ..conf import outbox_settings
+from .reliable import RedisQueue, decode
+
+logger = logging.getLogger("outbox.queue.control")
+
+# Seconds a worker's view of the switches may be old before a thread marks a row.
+MAX_AGE = 0.5
+
+_DOMAIN_RE = re.compile(
+    r"^(?=.{1,253}$)[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?(\.[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?)*$"
+)
+
+
+@dataclass(frozen=True)
+class ControlState:
+    """The switches as Redis holds them (times are Redis time, epoch seconds)."""
+
+    known: bool  # False: Redis holds no control hash (never set, or lost)
+    generation: str = ""  # the hash's `created`
+    paused_since: float | None = None  # global pause
+    paused_domains: dict[str, float] = field(default_factory=dict)  # domain -> since
+    slow_domains: dict[str, float] = field(default_factory=dict)  # domain -> held until
+    lost_at: float | None = None  # when Redis was found to have lost the hash
+
+    @property
+    def paused(self) -> bool:
+        return self.paused_since is not None
+
+    def pause_fields(self) -> list[str]:
+        """The hash fields that hold this state's pauses (what a restore writes)."""
+        fields = ["paused"] if self.paused else []
+        return fields + [f"pause:{d}" for d in sorted(self.paused_domains)]
+
+    def as_dict(self) -> dict[str, object]:
+        """For ``outbox_status --json`` and the dashboard."""
+        return {
+            "known": self.known,
+            "paused": self.paused,
+            "paused_since": self.paused_since,
+            "paused_domains": dict(self.paused_domains),
+            "slow_domains": dict(self.slow_domains),
+            "lost_at": self.lost_at,
+        }
+
+
+def parse(fields: dict[str, str] | None) -> ControlState:
+    """A :class:`ControlState` from the hash's fields (None or empty: not known)."""
+    if not fields:
+        return ControlState(known=False)
+    paused_domains: dict[str, float] = {}
+    slow_domains: dict[str, float] = {}
+    for name, value in fields.items():
+        if name.startswith("pause:"):
+            paused_domains[name[6:]] = float(value)
+        elif name.startswith("slow:"):
+            slow_domains[name[5:]] = float(value)
+    return ControlState(
+        known=True,
+        generation=fields.get("created", ""),
+        paused_since=float(fields["paused"]) if "paused" in fields else None,
+        paused_domains=paused_domains,
+        slow_domains=slow_domains,
+        lost_at=float(fields["lost_at"]) if "lost_at" in fields else None,
+    )
+
+
+def clean_domain(domain: str) -> str:
+    """A recipient domain as the switches name it (lower case); ValidationError if it is not one."""
+    name = domain.strip().lower()
+    if not _DOMAIN_RE.match(name):
+        raise ValidationError(
+            _("%(domain)r is not a domain name, like example.com."),
+            code="invalid_domain",
+            params={"domain": domain},
+        )
+    return name
+
+
+def _call(queue: RedisQueue | None, *args: str) -> tuple[float, ControlState]:
+    """Run one operation of ``lua/control.lua``: ``(Redis' time, the hash after it)``."""
+    queue = queue or RedisQueue()
+    now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
+    decoded = [decode(v) for v in flat]
+    return float(now), parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
+
+
+def _run(queue: RedisQueue | None, *args: str) -> ControlState:
+    return _call(queue, *args)[1]
+
+
+def pause(domain: str | None = None, queue: RedisQueue | None = None, by: str = "") -> ControlState:
+    """Stop claiming everywhere, or only for one recipient domain; returns the new state.
+
+    ``by`` names who asked (the dashboard passes the admin user), for the log
+    line an operator reads to learn who paused.
+    """
+    name = clean_domain(domain) if domain else ""
+    state = _run(queue, "pause", name)
+    logger.warning("sending paused%s by %s", f" for {name}" if name else "", by or "the operator")
+    return state
+
+
+def resume(
+    domain: str | None = None, queue: RedisQueue | None = None, by: str = ""
+) -> ControlState:
+    """Undo :func:`pause` (a global resume also clears the "lost" mark); returns the new state.
+
+    ``by`` is logged as for :func:`pause`.
+    """
+    name = clean_domain(domain) if domain else ""
+    state = _run(queue, "resume", name)
+    logger.warning("sending resumed%s by %s", f" for {name}" if name else "", by or "the operator")
+    return state
+
+
+def slow_down(domain: str, seconds: float, queue: RedisQueue | None = None) -> ControlState:
+    """Hold a domain for ``seconds`` (its server asked us to slow down); returns the state."""
+    return _run(queue, "slow", domain, f"{seconds:.3f}")
+
+
+def sync(queue: RedisQueue, seen: ControlState | None) -> ControlState:
+    """Make sure the hash exists; restore the pauses of ``seen`` if Redis lost them."""
+    if seen is None or not seen.known:
+        return _run(queue, "sync", "")
+    return _run(queue, "sync", seen.generation, *seen.pause_fields())
+
+
+def state(queue: RedisQueue | None = None) -> ControlState:
+    """The switches now, read only (``known`` is False when Redis holds none)."""
+    return read(queue)[1]
+
+
+def read(queue: RedisQueue | None = None) -> tuple[float, ControlState]:
+    """``(Redis' time, the switches)``, read in one round trip.
+
+    The time is what the switches' times compare with (a slow-down's end,
+    a pause's start); ``outbox.status`` also reads the rate limits' use at it.
+    """
+    # A script, not a pipeline with TIME: see "read" in lua/control.lua.
+    now, current = _call(queue, "read", "")
+    # A domain whose wait is over is no longer slowed down, whatever the hash still says.
+    slow = {d: until for d, until in current.slow_domains.items() if until > now}
+    return now, dataclasses.replace(current, slow_domains=slow)
+
+
+class ControlView:
+    """One worker process's view of the switches, shared by its sender threads.
+
+    Fed by every claim reply; read again when older than :data:`MAX_AGE`. It
+    also remembers the last hash it saw, so that a hash Redis lost is
+    restored (see the module docstring).
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.current = ControlState(known=False)
+        self.remembered: ControlState | None = None
+        self.seen_at = float("-inf")  # time.monotonic()
+        self._logged_pause = False
+
+    def observe(self, fields: dict[str, str] | None, queue: RedisQueue) -> ControlState:
+        """Take the hash a claim reply (or a read) carried; restore it if Redis lost it."""
+        current = parse(fields)
+        remembered = self.remembered
+        if not current.known or (
+            remembered is not None and current.generation != remembered.generation
+        ):
+            if remembered is not None and remembered.known:
+                logger.error(
+                    "Redis lost the pause switches; restoring what this worker last saw (%s)",
+                    ", ".join(remembered.pause_fields()) or "not paused",
+                )
+            current = sync(queue, remembered)
+        with self._lock:
+            self.current = current
+            self.remembered = current
+            self.seen_at = time.monotonic()
+        self._log(current)
+        return current
+
+    def fresh(self, queue: RedisQueue) -> ControlState:
+        """The switches, read again from Redis if the view is older than MAX_AGE."""
+        if time.monotonic() - self.seen_at <= MAX_AGE:
+            return self.current
+        raw = queue.redis.hgetall(queue.control_key)
+        return self.observe({decode(k): decode(v) for k, v in raw.items()}, queue)
+
+    def _log(self, current: ControlState) -> None:
+        # Once per pause, not once per claim.
+        if current.paused and not self._logged_pause:
+            self._logged_pause = True
+            logger.warning("paused by operator: claiming nothing until outbox_resume")
+        elif not current.paused and self._logged_pause:
+            self._logged_pause = False
+            logger.warning("resumed by operator: claiming again")
+
+
+def hold_until(current: ControlState, domain: str, now: float) -> float | None:
+    """When a row to ``domain`` may go, if a switch holds it now; None if it may go now."""
+    if domain in current.paused_domains:
+        return now + outbox_settings.PAUSED_DOMAIN_RECHECK
+    # "*": the server as a whole asked us to slow down (a 421 when connecting).
+    until = max(current.slow_domains.get(domain, 0.0), current.slow_domains.get("*", 0.0))
+    return until if until > now else None

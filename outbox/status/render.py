@@ -1,0 +1,212 @@
+"""The outbox status report as text for a terminal: ``manage.py outbox_status``.
+
+:func:`outbox.status.collect` gathers the numbers; this module only lays them
+out (and repeats them with ``--watch``). Kept apart so that the report's keys
+and how they are read stay in one module and its wording in another. Both
+functions are re-exported by :mod:`outbox.status`.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from django.utils.translation import gettext as _
+from django.utils.translation import ngettext
+
+from ..conf import PRIORITIES
+from ..models import Delivery
+
+STATUSES: tuple[str, ...] = tuple(Delivery.Status.values)
+
+
+def render(report: dict[str, Any]) -> str:
+    """The report as text for a terminal."""
+    lines = [_("Outbox status at %(time)s") % {"time": report["time"]}, ""]
+    lines += _render_database(report["database"])
+    lines.append("")
+    lines += _render_redis(report["redis"], report["agreement"])
+    return "\n".join(lines) + "\n"
+
+
+def _render_database(db: dict[str, Any]) -> list[str]:
+    if not db["ok"]:
+        return [_("Database: unreachable (%(error)s)") % {"error": db["error"]}]
+    labels = dict(Delivery.Status.choices)
+    header = [_("Deliveries"), *(str(dict(Delivery.Priority.choices)[p]) for p in PRIORITIES)]
+    header.append(_("total"))
+    table = [header]
+    estimated = set(db.get("estimated", ()))
+    for status in STATUSES:
+        counts = [db["by_priority"].get(p, {}).get(status, 0) for p in PRIORITIES]
+        total = ("≈" if status in estimated else "") + str(db["by_status"][status])
+        table.append([str(labels[status]), *("-" if n is None else str(n) for n in counts), total])
+    widths = [max(len(row[i]) for row in table) for i in range(len(header))]
+    lines = [
+        "  ".join(
+            cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)
+        ).rstrip()
+        for row in table
+    ]
+    oldest = db["oldest_due_age"]
+    if estimated:
+        lines.append(
+            _("≈ PostgreSQL's estimate, not a count (per priority: -); the rest is exact.")
+        )
+    lines.append("")
+    lines.append(
+        _("Due now: %(due)d (oldest waiting %(age)s); scheduled for later: %(scheduled)d")
+        % {
+            "due": db["due"],
+            "age": "-" if oldest is None else _duration(oldest),
+            "scheduled": db["scheduled"],
+        }
+    )
+    lines.append(
+        _("Sent: %(minute)d in the last minute, %(hour)d in the last hour")
+        % {"minute": db["sent_last_minute"], "hour": db["sent_last_hour"]}
+    )
+    return lines
+
+
+def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> list[str]:
+    if not redis["ok"]:
+        return [
+            _("Redis: unreachable (%(error)s)") % {"error": redis["error"]},
+            _("Mail is not being sent; queued rows stay in the database until Redis is back."),
+        ]
+    ready = redis["ready"]
+    lines = [
+        _("Redis: ready %(ready)s; scheduled %(scheduled)d")
+        % {
+            "ready": ", ".join(f"{p} {ready[p]}" for p in PRIORITIES),
+            "scheduled": redis["scheduled"],
+        }
+    ]
+    if agreement is not None:
+        for name, label in (("ready", _("ready")), ("scheduled", _("scheduled"))):
+            lines.append("  " + _agreement_line(label, agreement[name]))
+    workers = redis["workers"]
+    lines.append(
+        ngettext("%(count)d worker", "%(count)d workers", len(workers)) % {"count": len(workers)}
+    )
+    for worker in workers:
+        state = "" if worker["alive"] else " " + _("(no heartbeat: presumed dead)")
+        lines.append(
+            "  "
+            + _("%(id)s: heartbeat %(age)s ago, holding %(count)d%(ids)s%(state)s")
+            % {
+                "id": worker["id"],
+                "age": _duration(worker["heartbeat_age"]),
+                "count": len(worker["held"]),
+                "ids": _ids(worker["held"]),
+                "state": state,
+            }
+        )
+    for worker in redis["dead_workers"]:
+        lines.append(
+            "  "
+            + _("%(id)s: declared dead, holding %(count)d%(ids)s (the sweeper cleans it up)")
+            % {"id": worker["id"], "count": len(worker["held"]), "ids": _ids(worker["held"])}
+        )
+    anyone = bool(workers or redis["dead_workers"])
+    return lines + _render_control(redis["control"], anyone) + _render_limits(redis["rate_limits"])
+
+
+def _render_control(control: dict[str, Any], anyone: bool) -> list[str]:
+    """The pause switches: one line, plus a line per paused or slowed domain.
+
+    ``anyone``: a worker is registered, so a missing switch hash was lost, not
+    yet to be written.
+    """
+    if not control["known"] and not anyone:
+        lines = [
+            _(
+                "Sending: no worker yet (none is registered with this Redis: none has "
+                "started, or Redis lost its data; start manage.py outbox_worker)"
+            )
+        ]
+    elif not control["known"]:
+        lines = [
+            _(
+                "Sending: UNKNOWN (Redis lost the pause switches; a worker restores what "
+                "it last saw)"
+            )
+        ]
+    elif control["paused"]:
+        lines = [_("Sending: PAUSED by the operator (outbox_resume to send again)")]
+    else:
+        lines = [_("Sending: running")]
+    if control["lost_at"] is not None:
+        lines.append(
+            "  "
+            + _(
+                "Redis lost the switches; a worker restored what it last saw "
+                "(outbox_resume clears this)"
+            )
+        )
+    for domain in sorted(control["paused_domains"]):
+        lines.append("  " + _("%(domain)s: paused") % {"domain": domain})
+    for domain in sorted(control["slow_domains"]):
+        lines.append(
+            "  " + _("%(domain)s: slowed down (its server answered 421/450)") % {"domain": domain}
+        )
+    return lines
+
+
+def _render_limits(limits: list[dict[str, Any]]) -> list[str]:
+    if not limits:
+        return []
+    lines = [_("Rate limits:")]
+    for limit in limits:
+        lines.append(
+            "  "
+            + _("%(key)s %(limit)s: %(used)d of %(capacity)d used this period, %(held)d held")
+            % limit
+        )
+    return lines
+
+
+def _agreement_line(label: str, part: dict[str, Any]) -> str:
+    if part["agrees"] is None:
+        return _(
+            "%(name)s vs database: not compared id by id (over %(limit)d ids); "
+            "database %(database)d, Redis %(redis)d"
+        ) % {
+            "name": label,
+            "limit": part["limit"],
+            "database": part["database"],
+            "redis": part["redis"],
+        }
+    if part["agrees"]:
+        return _("%(name)s vs database: agree") % {"name": label}
+    return _(
+        "%(name)s vs database: DISAGREE (%(missing)d rows missing from Redis, "
+        "%(stale)d stale ids in Redis)"
+    ) % {"name": label, "missing": part["missing"], "stale": part["stale"]}
+
+
+def _ids(ids: list[int], limit: int = 10) -> str:
+    if not ids:
+        return ""
+    shown = ", ".join(str(i) for i in ids[:limit])
+    more = ", ..." if len(ids) > limit else ""
+    return f" ({shown}{more})"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return _("%(n).1fs") % {"n": seconds}
+    if seconds < 3600:
+        return _("%(m)dm%(s)02ds") % {"m": seconds // 60, "s": seconds % 60}
+    return _("%(h)dh%(m)02dm") % {"h": seconds // 3600, "m": seconds % 3600 // 60}
+
+
+def watch_loop(interval: float, show: Any, sleep: Any = time.sleep) -> None:
+    """Call ``show()`` every ``interval`` seconds until interrupted (Ctrl-C)."""
+    try:
+        while True:
+            show()
+            sleep(interval)
+    except KeyboardInterrupt:
+        return

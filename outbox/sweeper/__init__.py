@@ -1,0 +1,9 @@
+"""The sweeper: settle what dead workers and lost Redis data left behind.
+
+``sweep`` (one pass and its order), ``mirror`` (every queued row waits in
+Redis) and ``reconcile`` (abandoned rows settled from the mail server's log).
+"""
+
+from .sweep import Sweeper, SweepReport
+
+__all__ = ["SweepReport", "Sweeper"]

@@ -1,0 +1,353 @@
+"""The sweeper: repair what dead workers and lost Redis data left behind.
+
+The database is the truth; a pass makes Redis and the rows agree again:
+
+1. **Dead workers.** A worker whose heartbeat is older than
+   ``HEARTBEAT_TIMEOUT`` is declared dead (atomically, so it cannot come back
+   under that id). For each id in its processing list, by the row's status:
+   ``queued`` (it died before marking the row) goes back to its ready list;
+   ``processing`` (it died inside the send window) follows ``ABANDONED_POLICY``;
+   anything else is simply dropped. Then its list and entry are removed.
+2. **Stuck rows.** Rows ``processing`` for longer than the timeout whose worker
+   is not alive get the same policy, even when Redis lost every key: this
+   covers Redis data loss and a "mark sent" write the database refused.
+3. **The mirror.** Every queued row must be waiting in Redis: a full check
+   (when Redis lost data, and periodically) or an incremental one; see
+   ``mirror``.
+4. **Settlement** (optional): ``OUTBOX["RECONCILERS"]`` are asked about the
+   oldest abandoned rows, which are settled from their answers
+   (``reconcile``).
+5. **Retention** (optional): sent rows past an age are deleted in batches.
+
+Rows that were processing when their worker died become ``abandoned`` under
+``"review"`` (a person settles them: exactly once) or ``queued`` under
+``"requeue"`` (at least once; the attempt counts, so a message that kills its
+worker every time ends ``failed``).
+
+Several sweepers may run at once (one per host): a lease in Redis lets one act
+per pass, and every row change is a conditional update that is correct even
+if two did act.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import timedelta
+from typing import Any
+
+from django.db import DatabaseError, connection
+from django.db.models import F, Q
+from django.utils import timezone
+from redis.exceptions import RedisError
+
+from .. import operations
+from ..conf import outbox_settings
+from ..models import Attempt, Delivery, Email
+from ..queue.clock import from_timestamp
+from ..queue.reliable import QueueEntry, RedisQueue
+from . import reconcile
+from .mirror import Mirror
+
+logger = logging.getLogger("outbox.sweeper")
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+
+BATCH = 1000
+ACTOR = "sweeper"
+
+
+@dataclass
+class SweepReport:
+    """Counts of one pass; ``line()`` is what the command prints."""
+
+    returned: int = 0  # claimed, never started: back to the ready list
+    abandoned: int = 0
+    requeued: int = 0
+    failed: int = 0  # requeue policy, attempts exhausted
+    remirrored: int = 0
+    promoted: int = 0
+    reaped: int = 0  # dead workers cleaned up
+    purged: int = 0
+    reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
+    reconciled_requeued: int = 0  # ... and requeued as never sent
+    expired: int = 0  # queued rows past their expires_at, cancelled
+    full_mirror_check: bool = False
+    lock_held_elsewhere: bool = False
+    errors: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def line(self) -> str:
+        if self.lock_held_elsewhere:
+            return "sweep: another sweeper holds the lock; nothing done"
+        text = (
+            f"sweep: returned to queue {self.returned}, marked abandoned {self.abandoned}, "
+            f"requeued {self.requeued}, failed {self.failed}, re-mirrored {self.remirrored}, "
+            f"promoted {self.promoted}, dead workers reaped {self.reaped}"
+        )
+        if self.purged:
+            text += f", purged {self.purged}"
+        if self.reconciled_sent or self.reconciled_requeued:
+            text += (
+                f", settled by reconcilers: {self.reconciled_sent} sent, "
+                f"{self.reconciled_requeued} requeued"
+            )
+        if self.expired:
+            text += f", expired {self.expired}"
+        text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
+        text += f"{self.seconds:.2f}s)"
+        if self.errors:
+            text += "; errors: " + "; ".join(self.errors)
+        return text
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Sweeper:
+    def __init__(
+        self,
+        queue: RedisQueue | None = None,
+        *,
+        policy: str | None = None,
+        timeout: float | None = None,
+    ) -> None:
+        self.queue = queue or RedisQueue()
+        self.policy = policy or outbox_settings.ABANDONED_POLICY
+        self.timeout = outbox_settings.HEARTBEAT_TIMEOUT if timeout is None else timeout
+        self.lease = max(60.0, 4 * self.timeout)
+        self._token = ""
+
+    def run_pass(
+        self, *, full_mirror_check: bool = False, purge_sent_older_than: float | None = None
+    ) -> SweepReport:
+        """One pass of repairs; returns what it did."""
+        report = SweepReport()
+        started = time.monotonic()
+        token = uuid.uuid4().hex
+        try:
+            if not self.queue.acquire_lock(token, self.lease):
+                report.lock_held_elsewhere = True
+                return report
+        except RedisError as exc:
+            # Without Redis we can neither tell live workers from dead ones nor
+            # repair the mirror; the rows are safe in the database meanwhile.
+            report.errors.append(f"Redis unavailable: {exc}")
+            logger.error("sweep skipped: Redis is unavailable (%s)", exc)
+            return report
+        self._token = token
+        try:
+            self._reap_dead_workers(report)
+            self._settle_stuck_rows(report)
+            self._cancel_expired(report)
+            self._reconcile(report)
+            self._rebuild_mirror(report, force_full=full_mirror_check)
+            report.promoted += self.queue.promote()
+            if purge_sent_older_than is not None:
+                report.purged = self.purge_sent(purge_sent_older_than)
+        except RedisError as exc:
+            report.errors.append(f"Redis error: {exc}")
+            logger.error("sweep interrupted by a Redis error: %s", exc)
+        except DatabaseError as exc:
+            # The next pass starts over on a fresh connection; every change is
+            # a conditional update, so a half-done pass leaves nothing wrong.
+            report.errors.append(f"database error: {exc}")
+            logger.error("sweep interrupted by a database error: %s", exc)
+            connection.close()
+        finally:
+            self._token = ""
+            with contextlib.suppress(RedisError):  # the lease expires by itself
+                self.queue.release_lock(token)
+            report.seconds = time.monotonic() - started
+        return report
+
+    def _keep_lease(self) -> None:
+        if self._token:
+            self.queue.extend_lock(self._token, self.lease)
+
+    # -- 1. dead workers --------------------------------------------------------
+
+    def _reap_dead_workers(self, report: SweepReport) -> None:
+        newly_dead = self.queue.declare_dead(self.timeout)
+        if newly_dead:
+            logger.warning("declared dead (no heartbeat for %.0fs): %s", self.timeout, newly_dead)
+        # Also finishes workers a crashed sweeper declared dead but did not reap.
+        for worker_id in self.queue.dead_workers():
+            self._reap(worker_id, report)
+            self._keep_lease()
+
+    def _reap(self, worker_id: str, report: SweepReport) -> None:
+        ids = self.queue.processing_ids(worker_id)
+        rows = list(
+            Delivery.objects.filter(pk__in=set(ids)).values_list(
+                "pk", "status", "worker_id", "priority", "not_before"
+            )
+        )
+        back = [
+            QueueEntry(pk, priority, not_before.timestamp())
+            for pk, status, _w, priority, not_before in rows
+            if status == Status.QUEUED
+        ]
+        in_window = [
+            pk
+            for pk, status, owner, *_ in rows
+            if status == Status.PROCESSING and owner == worker_id
+        ]
+        if in_window:
+            self._apply_policy(in_window, Q(worker_id=worker_id), report, worker_id)
+        self.queue.reap(worker_id, back)
+        report.returned += len(back)
+        report.reaped += 1
+        logger.info(
+            "reaped worker %s: %d ids held, %d returned to the queue, %d were mid-send",
+            worker_id,
+            len(ids),
+            len(back),
+            len(in_window),
+        )
+
+    # -- 2. rows stuck in processing ----------------------------------------------
+
+    def _settle_stuck_rows(self, report: SweepReport) -> None:
+        alive = list(self.queue.live_workers())
+        # Redis time, like the workers' start times: one clock, whatever ours says.
+        cutoff = from_timestamp(self.queue.time() - self.timeout)
+        stuck = Q(status=Status.PROCESSING, processing_started_at__lt=cutoff) & ~Q(
+            worker_id__in=alive
+        )
+        last = 0
+        while True:
+            ids = list(
+                Delivery.objects.filter(stuck, pk__gt=last)
+                .order_by("pk")
+                .values_list("pk", flat=True)[:BATCH]
+            )
+            if not ids:
+                return
+            last = ids[-1]
+            self._apply_policy(ids, stuck, report, None)
+            self._keep_lease()
+
+    def _apply_policy(
+        self, ids: list[int], condition: Q, report: SweepReport, worker_id: str | None
+    ) -> None:
+        who = f"worker {worker_id}" if worker_id else "its worker"
+        now = from_timestamp(self.queue.time())
+        if self.policy == "requeue":
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.QUEUED,
+                outcome=Outcome.REQUEUED,
+                actor=ACTOR,
+                now=now,
+                error=f"{who} went away mid-send; requeued (the email may arrive twice)",
+                condition=condition & Q(attempts__lt=F("max_attempts")),
+            )
+            report.requeued += len(result.changed)
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.FAILED,
+                outcome=Outcome.FAILED,
+                actor=ACTOR,
+                now=now,
+                error=f"{who} went away mid-send on every attempt; giving up",
+                condition=condition & Q(attempts__gte=F("max_attempts")),
+            )
+            report.failed += len(result.changed)
+        else:
+            result = operations.transition(
+                ids,
+                allowed=[Status.PROCESSING],
+                to=Status.ABANDONED,
+                outcome=Outcome.ABANDONED,
+                actor=ACTOR,
+                now=now,
+                error=(
+                    f"{who} went away mid-send; check the mail logs for this Message-ID, "
+                    "then mark it sent or requeue it"
+                ),
+                condition=condition,
+            )
+            report.abandoned += len(result.changed)
+            if result.changed:
+                logger.warning(
+                    "marked %d deliveries abandoned for review: %s",
+                    len(result.changed),
+                    result.changed[:20],
+                )
+
+    # -- settlement by the reconcilers ------------------------------------------
+
+    def _reconcile(self, report: SweepReport) -> None:
+        result = reconcile.reconcile(self.queue, self.policy)
+        report.reconciled_sent += result.sent
+        report.reconciled_requeued += result.requeued
+        report.errors += result.errors
+        self._keep_lease()
+
+    # -- 2b. expired rows ------------------------------------------------------------
+
+    def _cancel_expired(self, report: SweepReport) -> None:
+        """Cancel queued rows past their ``expires_at``: at most BATCH per pass.
+
+        One conditional UPDATE (still queued, still expired) with an Attempt
+        row each; a worker that claims such a row meanwhile finds it expired
+        in its own claim UPDATE, so either way it is never sent. Their ids
+        left in Redis are dropped by the claim that finds them not queued.
+        """
+        now = from_timestamp(self.queue.time())
+        expired = Q(expires_at__lte=now)
+        ids = list(
+            Delivery.objects.queued()
+            .filter(expired)
+            .order_by("expires_at")
+            .values_list("pk", flat=True)[:BATCH]
+        )
+        if not ids:
+            return
+        error = f"expired: not sent before its expires_at; cancelled by the {ACTOR}"
+        result = operations.transition(
+            ids,
+            allowed=[Status.QUEUED],
+            to=Status.CANCELLED,
+            outcome=Outcome.CANCELLED,
+            actor=ACTOR,
+            now=now,
+            error=error,
+            condition=expired,
+            updates={"last_error": error},
+        )
+        report.expired += len(result.changed)
+
+    # -- 3. the Redis mirror (mirror.py) ----------------------------------------------
+
+    def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
+        report.full_mirror_check, pushed = Mirror(self.queue, self._keep_lease).repair(force_full)
+        report.remirrored += pushed
+
+    # -- 4. retention -----------------------------------------------------------------
+
+    def purge_sent(self, older_than_days: float) -> int:
+        """Delete sent rows (and their attempts) older than the age, in batches."""
+        cutoff = timezone.now() - timedelta(days=older_than_days)
+        purged = 0
+        while True:
+            batch = list(
+                Delivery.objects.filter(status=Status.SENT, sent_at__lt=cutoff).values_list(
+                    "pk", "email_id"
+                )[:BATCH]
+            )
+            if not batch:
+                return purged
+            Delivery.objects.filter(pk__in=[pk for pk, _ in batch]).delete()
+            Email.objects.filter(
+                pk__in={email_id for _, email_id in batch}, deliveries__isnull=True
+            ).delete()
+            purged += len(batch)
+            self._keep_lease()

@@ -1,0 +1,44 @@
+"""What a sender thread's rooms need from the worker process that runs them.
+
+:class:`~outbox.worker.process.Worker` is the one implementation; the rooms
+(``loop``, ``claimed``, ``gate``, ``backoff``) name this protocol instead, so
+that they import nothing above them.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Protocol
+
+from ..queue.clock import RedisClock
+from ..queue.control import ControlView
+from ..queue.reliable import QueueEntry, RedisQueue
+from .cache import EmailCache
+from .group_commit import GroupCommit
+from .report import Stats
+
+
+class WorkerHost(Protocol):
+    """The process-wide state and services the sender threads share."""
+
+    worker_id: str  # the current incarnation
+    generation: int  # bumped at every new incarnation
+    burst: bool
+    queue: RedisQueue
+    clock: RedisClock
+    control: ControlView
+    emails: EmailCache
+    stats: Stats
+    group_commit: GroupCommit
+    stop_event: threading.Event
+    sqlite_write_lock: threading.Lock
+
+    def claim_size(self) -> int: ...
+
+    def count_handled(self) -> bool: ...
+
+    def reincarnate(self, old: str) -> None: ...
+
+    def lease_left(self) -> float: ...
+
+    def push_quietly(self, entries: list[QueueEntry]) -> None: ...
