@@ -1,8 +1,9 @@
 """The admin in a real browser: an operator settles abandoned deliveries.
 
 Headless Chromium driven by Selenium against a live server: log in, open the delivery list, filter to abandoned, tick a few rows, run
-"Mark as sent (confirmed in the mail logs)" and read the message. At 1,400 px
-(the app list folded away) the list neither scrolls sideways nor wraps a row. The
+"Mark as sent (confirmed in the mail logs)" and read the message. In a
+1,366 x 900 window with Django's app list open, and at 1,920 px, the list does not
+scroll sideways and every column header shows. The
 operator also opens the dashboard from the admin index, reads its counts, follows
 its link to the abandoned rows, and pauses and resumes sending with its buttons. Screenshots of the list, of one delivery and of the
 dashboard go to ``tests/artifacts/``; with
@@ -37,10 +38,10 @@ from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support import expected_conditions as EC
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
-from outbox import control, enqueue_email, ratelimit
-from outbox.admin_cells import SUBJECT_CHARS
+from outbox import enqueue_email
+from outbox.admin.cells import SUBJECT_CHARS
 from outbox.models import Attempt, Delivery
-from outbox.queue import RedisQueue
+from outbox.queue import RedisQueue, control, ratelimit
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -53,6 +54,10 @@ WORKER = "mailhost:4242:worker-1"
 USERNAME = "operator"
 PASSWORD = "correct horse battery staple"
 MARK_SENT = "Mark as sent (confirmed in the mail logs)"
+# A common laptop screen: with Django's app list open beside it, the narrowest
+# window the delivery list is laid out for.
+LAPTOP = (1366, 900)
+WIDE = (1920, 1080)
 # Longer than the list shows (SUBJECT_CHARS): the list cuts it, the tooltip has it all.
 SUBJECT = "Your order #10432 has shipped: tracking number, delivery window and how to return it"
 
@@ -103,7 +108,7 @@ def browser() -> Iterator[WebDriver]:
         "--disable-sync",
         "--no-proxy-server",
         f"--user-data-dir={profile}",
-        "--window-size=1400,1000",
+        f"--window-size={LAPTOP[0]},{LAPTOP[1]}",
     ):
         options.add_argument(flag)
     driver = webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
@@ -156,39 +161,95 @@ def screenshot(driver: WebDriver, name: str, docs_name: str) -> Path:
     return path
 
 
-def assert_list_fits(driver: WebDriver) -> None:
-    """The delivery list neither scrolls sideways nor wraps a cell onto a second line."""
-    layout = driver.execute_script(
+def resize(driver: WebDriver, width: int, height: int) -> None:
+    """Resize the window, and wait until the page has its new width."""
+    driver.set_window_size(width, height)
+    wait(driver).until(lambda d: d.execute_script("return window.innerWidth") == width)
+
+
+def list_layout(driver: WebDriver) -> dict:
+    """Where the delivery list sits in the page, in CSS pixels (what the assertions read)."""
+    return driver.execute_script(
         """
         const doc = document.documentElement;
+        const content = document.getElementById('content');
         const results = document.querySelector('#changelist .results');
         const table = document.getElementById('result_list');
+        const filter = document.getElementById('changelist-filter');
+        const nav = document.getElementById('nav-sidebar');
         const rows = [...table.querySelectorAll('tbody tr')];
         const heights = () => rows.map(r => r.getBoundingClientRect().height);
         const before = heights();
         table.style.whiteSpace = 'nowrap';  // what each row would be on one line
         const oneLine = heights();
         table.style.whiteSpace = '';
+        const edges = el => {
+            const r = el.getBoundingClientRect();
+            return [Math.round(r.left), Math.round(r.right)];
+        };
+        const padding = parseFloat(getComputedStyle(content).paddingRight);
+        const inside = edges(results);
         return {
             viewport: window.innerWidth,
             page: [doc.scrollWidth, doc.clientWidth],
+            sidebar: {
+                open: document.getElementById('main').classList.contains('shifted'),
+                expanded: nav.getAttribute('aria-expanded'),
+                edges: edges(nav),
+                visible: getComputedStyle(nav).visibility,
+            },
+            content: [Math.round(content.getBoundingClientRect().left),
+                      Math.round(content.getBoundingClientRect().right - padding)],
+            filter: filter ? edges(filter) : null,
             results: [results.scrollWidth, results.clientWidth],
-            table: table.getBoundingClientRect().width,
+            table: edges(table),
             wrapped: before.filter((h, i) => h > oneLine[i] + 0.5).length,
             rows: rows.length,
-            columns: [...table.querySelectorAll('thead th')].map(
-                th => [th.className, Math.round(th.getBoundingClientRect().width)]
-            ),
+            columns: [...table.querySelectorAll('thead th')].map(th => {
+                const [left, right] = edges(th);
+                const r = th.getBoundingClientRect();
+                const hit = document.elementFromPoint(
+                    (r.left + r.right) / 2, (r.top + r.bottom) / 2);
+                const label = th.querySelector('.text') || th;
+                return {
+                    name: th.className.split(' ').filter(c => c.startsWith('column-')
+                        || c === 'action-checkbox-column').join(' '),
+                    text: th.innerText.trim(),
+                    edges: [left, right],
+                    shown: left >= inside[0] - 1 && right <= inside[1] + 1
+                        && right <= window.innerWidth && th.contains(hit),
+                    clipped: label.scrollWidth > label.clientWidth + 1,
+                };
+            }),
         };
         """
     )
-    assert layout["viewport"] <= 1400, layout
+
+
+def assert_list_fits(driver: WebDriver, width: int) -> None:
+    """The delivery list fits the window beside the open app list: no sideways scrolling, no wrapped line."""
+    layout = list_layout(driver)
+    assert layout["viewport"] == width, layout
+    assert layout["sidebar"]["open"] and layout["sidebar"]["expanded"] == "true", layout
+    assert layout["sidebar"]["visible"] == "visible" and layout["sidebar"]["edges"][1] > 200, layout
     assert layout["rows"] > 0, layout
     assert layout["page"][0] <= layout["page"][1], f"the page scrolls sideways: {layout}"
     assert layout["results"][0] <= layout["results"][1], f"the list scrolls sideways: {layout}"
+    assert layout["table"][1] <= layout["content"][1], f"the list overflows the content: {layout}"
+    if layout["filter"]:
+        assert layout["table"][1] <= layout["filter"][0], (
+            f"the list runs under the filters: {layout}"
+        )
+    hidden = [c for c in layout["columns"] if not c["shown"] or c["clipped"]]
+    assert not hidden, f"column headers hidden or cut: {hidden}; {layout}"
     assert layout["wrapped"] == 0, f"rows wrap: {layout}"
-    # The subject is cut, and whole in its tooltip.
-    cell = driver.find_element(By.CSS_SELECTOR, "#result_list td.field-subject .outbox-cut")
+
+
+def assert_cells_are_compact(driver: WebDriver) -> None:
+    # The subject, under the recipient, is cut, and whole in its tooltip.
+    cell = driver.find_element(
+        By.CSS_SELECTOR, "#result_list .field-recipient_display .outbox-subject"
+    )
     assert cell.text.endswith("\u2026") and len(cell.text) == SUBJECT_CHARS
     assert cell.get_attribute("title") == SUBJECT
     # Dates are short, the full time is in their tooltip.
@@ -256,11 +317,14 @@ def test_operator_marks_abandoned_deliveries_sent(admin_live_server, django_user
     Select(driver.find_element(By.CSS_SELECTOR, "select[name=action]")).select_by_visible_text(
         MARK_SENT
     )
-    # Fold the app list away (as an operator would on a laptop) so that every column shows.
-    driver.find_element(By.ID, "toggle-nav-sidebar").click()
-    wait(driver).until(EC.invisibility_of_element_located((By.ID, "nav-sidebar")))
-    assert_list_fits(driver)
+    # Every column shows on a laptop screen with the app list open (as the
+    # admin opens it), and on a wide screen.
+    assert_list_fits(driver, LAPTOP[0])
+    assert_cells_are_compact(driver)
     screenshot(driver, "admin-deliveries.png", "admin-deliveries.png")
+    resize(driver, *WIDE)
+    assert_list_fits(driver, WIDE[0])
+    resize(driver, *LAPTOP)
 
     click_and_load(driver, driver.find_element(By.CSS_SELECTOR, "button[name=index]"))
     message = wait(driver).until(
