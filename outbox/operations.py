@@ -16,8 +16,8 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import router, transaction
-from django.db.models import Q
+from django.db import connections, router, transaction
+from django.db.models import DateTimeField, Func, Q
 from django.utils import timezone
 
 from . import signals
@@ -30,6 +30,14 @@ Status = Delivery.Status
 Outcome = Attempt.Outcome
 
 _CHUNK = 500
+
+
+class TransactionNow(Func):
+    """PostgreSQL's ``now()``: the time its transaction started, as the enqueue statements
+    and the worker's due test read it (Django's ``Now()`` is the statement's time there)."""
+
+    template = "now()"
+    output_field = DateTimeField()
 
 
 @dataclass
@@ -63,7 +71,8 @@ def transition(
     worker"). ``updates`` are extra column values. Rows reaching ``queued``
     become due now unless ``updates`` says otherwise. ``now`` is the time to
     write (the sweeper passes Redis time, the one clock; operators' actions
-    use this host's clock).
+    use this host's clock, except that on PostgreSQL "due now" is the
+    database's ``now()``, the clock the worker's due test reads).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
@@ -78,6 +87,7 @@ def transition(
             condition=condition,
             updates=updates or {},
             now=now or timezone.now(),
+            database_due=now is None,
         )
     return result
 
@@ -93,10 +103,14 @@ def _transition_chunk(
     condition: Q | None,
     updates: dict[str, Any],
     now: datetime,
+    database_due: bool = False,
 ) -> TransitionResult:
     result = TransitionResult()
     using = router.db_for_write(Delivery)
     values = _new_values(to, error, updates, now)
+    due_now = to == Status.QUEUED and "not_before" not in updates
+    if due_now and database_due and connections[using].vendor == "postgresql":
+        values["not_before"] = TransactionNow()
 
     with transaction.atomic(using=using):
         match = Q(pk__in=ids, status__in=list(allowed))
@@ -117,7 +131,9 @@ def _transition_chunk(
         result.changed = [pk for pk, *_ in rows]
         _count_skipped(using, set(ids) - set(result.changed), result.skipped)
         if rows:
-            due = values.get("not_before", now).timestamp()
+            when = values.get("not_before", now)
+            # Due by the database's now(): due now by Redis' clock too.
+            due = 0.0 if isinstance(when, TransactionNow) else when.timestamp()
             entries = [QueueEntry(pk, priority, due) for pk, _a, priority, _w in rows]
             workers = {pk: worker_id for pk, _a, _p, worker_id in rows}
             transaction.on_commit(

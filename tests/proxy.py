@@ -2,7 +2,9 @@
 
 ``with FaultProxy(redis_server.port) as proxy:`` listens on ``127.0.0.1:proxy.port``;
 ``lost = proxy.swallow_reply(b"INCR")`` loses the reply to the next INCR;
-``wait_until(lambda: lost.fired == 1)``.
+``wait_until(lambda: lost.fired == 1)``. With ``refuse_after=2.0`` the server
+then goes away at that very moment: every connection is cut and new ones are
+refused for 2 s (no test thread could react between the two in time).
 
 One background thread (a selector loop) forwards every connection to the
 target; :meth:`FaultProxy.close` (or leaving the ``with``) stops it and closes
@@ -84,6 +86,7 @@ class _Flow:
         self.src_eof = False
         self.dst_shut = False
         self.cut_when_drained = False
+        self.refuse_after = 0.0  # with cut_when_drained: then the server goes away
 
     def drained(self) -> bool:
         return not self.out and not self.later
@@ -169,29 +172,48 @@ class FaultProxy:
     # -- faults -----------------------------------------------------------------------
 
     def swallow_reply(
-        self, pattern: Pattern, *, then="cut", nth=1, times: int | None = 1, reset=False
+        self,
+        pattern: Pattern,
+        *,
+        then="cut",
+        nth=1,
+        times: int | None = 1,
+        reset=False,
+        refuse_after=0.0,
     ) -> Fault:
         """After the client sends ``pattern``, drop the server's next chunk on that connection.
 
         The request reached the server; its reply is lost. ``then="cut"``:
         the connection is then closed (the client sees EOF, or a RST with
         ``reset``); ``"hold"``: it stays open and all the server sends on it
-        is dropped, so the client waits for its own timeout.
+        is dropped, so the client waits for its own timeout. ``refuse_after``
+        (seconds): once the reply is dropped, every other connection is cut
+        too (with a RST) and new ones are refused for that long.
         """
         assert then in ("cut", "hold"), then
-        return self._add(Fault("swallow", pattern, UP, nth, times, {"then": then, "reset": reset}))
+        options = {"then": then, "reset": reset, "refuse_after": refuse_after}
+        return self._add(Fault("swallow", pattern, UP, nth, times, options))
 
     def cut_on(
-        self, pattern: Pattern, *, direction=UP, when="before", nth=1, times=1, reset=False
+        self,
+        pattern: Pattern,
+        *,
+        direction=UP,
+        when="before",
+        nth=1,
+        times: int | None = 1,
+        reset=False,
+        refuse_after=0.0,
     ) -> Fault:
         """Cut the connection when ``pattern`` passes in ``direction``.
 
         ``when="before"``: the chunk holding it is not forwarded (the request
-        never arrives whole); ``"after"``: it is, then the cut (the request
-        arrives, its reply is lost).
+        never arrives whole; with ``direction="down"``, a reply that is lost);
+        ``"after"``: it is, then the cut (the request arrives, its reply is
+        lost). ``refuse_after``: as for :meth:`swallow_reply`, from the cut.
         """
         assert direction in (UP, DOWN) and when in ("before", "after"), (direction, when)
-        options = {"when": when, "reset": reset}
+        options = {"when": when, "reset": reset, "refuse_after": refuse_after}
         return self._add(Fault("cut", pattern, direction, nth, times, options))
 
     def delay(self, seconds: float, *, direction=DOWN, after: Pattern | None = None) -> Fault:
@@ -333,6 +355,8 @@ class FaultProxy:
                 self._cut(conn, swallowed.options["reset"])
             else:
                 conn.blackhole = True
+            if swallowed is not None and swallowed.options.get("refuse_after"):
+                self._go_away(swallowed.options["refuse_after"])
             return
         window = flow.tail + data
         new_from, flow.tail = len(flow.tail), window[-TAIL:]
@@ -346,7 +370,7 @@ class FaultProxy:
                 and (hits := f._hits(window, new_from))
                 and f._count(hits)
             ]
-        cut_after = False
+        cut_after: Fault | None = None
         for fault in fired:
             if fault.kind == "swallow":
                 conn.swallow = fault
@@ -354,12 +378,15 @@ class FaultProxy:
                 conn.armed.add(id(fault))
             elif fault.options["when"] == "before":
                 self._cut(conn, fault.options["reset"])
+                if fault.options.get("refuse_after"):
+                    self._go_away(fault.options["refuse_after"])
                 return
             else:
-                cut_after = True
+                cut_after = fault
         self._forward(conn, flow, data, faults)
-        if cut_after:
+        if cut_after is not None:
             flow.cut_when_drained = True
+            flow.refuse_after = cut_after.options.get("refuse_after", 0.0)
 
     def _forward(self, conn: _Conn, flow: _Flow, data: bytes, faults: list[Fault]) -> None:
         delay = interval = 0.0
@@ -398,6 +425,8 @@ class FaultProxy:
                 return
             if flow.drained() and flow.cut_when_drained:
                 self._cut(conn, reset=False)
+                if flow.refuse_after:
+                    self._go_away(flow.refuse_after)
                 return
             if flow.src_eof and flow.drained() and not flow.dst_shut:
                 flow.dst_shut = True
@@ -440,6 +469,13 @@ class FaultProxy:
         else:
             self.selector.modify(sock, mask, conn)
         conn.masks[sock] = mask
+
+    def _go_away(self, seconds: float) -> None:
+        """The server goes away now: cut every connection, refuse new ones for ``seconds``."""
+        with self.lock:
+            self.refuse_until = time.monotonic() + seconds
+        for conn in list(self.conns):
+            self._cut(conn, reset=True)
 
     def _cut(self, conn: _Conn, reset: bool) -> None:
         if conn.closed:

@@ -216,7 +216,7 @@ def test_a_refusal_of_the_final_dot_is_a_clear_answer(settings, reply, kind):
 # NEEDS THE WORKER WIRING: these pass only once the worker calls
 # outbox.backends.watch_handover(backend) after every successful backend.open(),
 # settles with outbox.mail.failures.classify(), and writes an AMBIGUOUS attempt as
-# described in issue 11 (item 4).
+# described in the protocol (a connection cut after the final dot).
 
 
 def run_worker() -> None:

@@ -1,4 +1,4 @@
-"""The promise at its edges (issue 11): faults aimed at single steps of the protocol.
+"""The promise at its edges: faults aimed at single steps of the protocol.
 
 Each test names the fault and the transition it covers (see outbox/PROTOCOL.md):
 

@@ -1,4 +1,4 @@
-"""A model-based test of the delivery protocol (issue 11, "Tests").
+"""A model-based test of the delivery protocol.
 
 A hypothesis ``RuleBasedStateMachine`` drives the app's real code against the
 real Redis and the real database (no mocks): every step is one thing a
@@ -15,8 +15,9 @@ The steps (rules), each through the code path the app itself uses:
     then nothing may reach Redis.
 ``start_worker``
     a new incarnation (``Worker(burst=True)`` registered as ``Worker.run()``
-    does, one ``SenderLoop`` on a scripted locmem backend). Names are reused,
-    so restarts under the same ``--worker-id`` are in.
+    does, two ``SenderLoop`` threads, each on its own scripted locmem
+    backend, sharing one processing list). Names are reused, so restarts
+    under the same ``--worker-id`` are in.
 ``work``
     one worker takes its next 1-6 steps in ``SenderLoop.run()``'s order:
     *claim* (``SenderLoop._claim()``, i.e. ``claim.lua``; sometimes the reply
@@ -37,6 +38,17 @@ The steps (rules), each through the code path the app itself uses:
     ``Worker._heartbeat_loop()``; an incarnation declared dead carries on as a
     new one. *shutdown*: the ``finally`` of ``SenderLoop.run()`` (outcome,
     give back) and ``Worker._deregister()``.
+``work`` and ``lifecycle`` arm 0-3 faults (``tests/protocol_faults.py``):
+    a call of the loop to Redis (claim, push, release, heartbeat) or to the
+    database (the step, reading the claimed row back, the outcome written
+    alone, the give-back UPDATE) fails before it ran, or runs and loses its
+    reply; or the step commits and the thread freezes past the timeout while
+    the sweeper (and, in ``freeze+beat``, its own heartbeat thread) acts.
+    ``work`` also runs the loop's pause check before a mark
+    (``_hold_while_paused``) and the gate after it (``_held``).
+``switch``
+    ``outbox_pause`` / ``outbox_resume``, global or for one of two recipient
+    domains; sometimes the workers' view of the switches has aged meanwhile.
 ``burst_worker``
     a whole ``Worker(burst=True, max_messages=k).run()`` in process.
 ``sweep``
@@ -56,7 +68,10 @@ The invariants, after every step:
    ``scheduled`` no later than the row's ``not_before``, or in the
    processing list of a registered (or declared dead, not yet reaped)
    incarnation. If one is not, one full sweep is run on the spot and then it
-   must be.
+   must be. An id held only in a live incarnation's list whose threads will
+   never mark it (not claimed, lost, in hand or to acknowledge by any of
+   them) counts only until the mirror's grace: the model backdates the
+   ``{p}:mirror-held`` watch and runs one plain pass, which must push it.
 2. Under ``"review"``, no message is handed to the backend (accepted, or
    taken and then in doubt) more often than once plus the number of operator
    requeues of its row.
@@ -65,6 +80,12 @@ The invariants, after every step:
 4. A ``processing`` row names an incarnation that holds it in its processing
    list, or one that is no longer registered: then the sweeper's stuck-row
    rule settles it once it is older than the timeout (checked when draining).
+5. What a live thread holds (claimed ids, a lost claim's ids, the row in
+   hand, the outcome not yet written) has a copy in its incarnation's list
+   for each holder: acks, applied once across replays, never take another
+   thread's copy.
+6. No row is handed to the backend while it is ``abandoned`` (checked at
+   the hand-over, against the database).
 
 Draining (teardown): every worker stops gracefully, then full sweeps (with a
 zero timeout, so nothing has to age) and burst workers run until nothing is
@@ -74,7 +95,7 @@ row was handed over (or marked sent by an operator), and invariant 2 holds.
 
 The heartbeat timeout is a minute here, so that only ``crash`` and ``stall``
 make an incarnation stale and the steps need no real waiting; retries back
-off for a few milliseconds so that draining is quick. 50 examples of up to
+off for a few milliseconds so that draining is quick. 35 examples of up to
 30 steps run by default; ``OUTBOX_TEST_MODEL_EXAMPLES=600`` searches deeper.
 ``test_retried_claim_keeps_the_ids_it_claimed`` replays the machine's first
 find by hand.
@@ -82,14 +103,14 @@ find by hand.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import smtplib
 import sys
 import time
-import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -111,15 +132,18 @@ from hypothesis.stateful import (
     rule,
     run_state_machine_as_test,
 )
+from redis.exceptions import RedisError
 
 from outbox import enqueue_email, operations
 from outbox.conf import PRIORITIES
 from outbox.exceptions import AmbiguousDeliveryError
 from outbox.models import Attachment, Attempt, Delivery, Email
-from outbox.queue import RedisQueue
+from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
+from outbox.sweeper import mirror as mirror_module
 from outbox.worker import Started, Worker
 from outbox.worker.loop import SenderLoop
+from tests import protocol_faults as pf
 from tests.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -129,7 +153,9 @@ Status = Delivery.Status
 TIMEOUT = 60.0  # OUTBOX["HEARTBEAT_TIMEOUT"] inside the machine
 STALE = 3600.0  # how far back a crashed or stalled incarnation's heartbeat goes
 MAX_WORKERS = 3
+THREADS = 2  # sender threads per worker: their acks share one processing list
 NAMES = ("w1", "w2", "w3")
+DOMAINS = ("example.com", "example.org")
 SETTLED = (Status.SENT, Status.FAILED, Status.CANCELLED, Status.ABANDONED)
 ACTOR = "admin:model"
 DRAIN_DEADLINE = 15.0
@@ -143,10 +169,16 @@ class ScriptedBackend(locmem.EmailBackend):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.plan = "ok"
+        self.abandoned_sends: list[str] = []  # Message-IDs of abandoned rows handed over
 
     def send_messages(self, messages: Any) -> int:
         plan, self.plan = self.plan, "ok"
         recipient = messages[0].recipients()[0]
+        message_id = messages[0].extra_headers.get("Message-ID")
+        # The row as it is at the hand-over: an abandoned one must never get here.
+        status = Delivery.objects.filter(message_id=message_id).values_list("status", flat=True)
+        if Status.ABANDONED in status:
+            self.abandoned_sends.append(message_id)
         if plan == "transient":
             raise smtplib.SMTPRecipientsRefused({recipient: (451, b"4.2.1 mailbox busy")})
         if plan == "permanent":
@@ -157,16 +189,31 @@ class ScriptedBackend(locmem.EmailBackend):
         return sent
 
 
+class SimThread:
+    """One sender thread of a :class:`SimWorker`: its loop, its connection, what it holds."""
+
+    def __init__(self, worker: Worker, index: int, faults: pf.Faults) -> None:
+        self.index = index
+        self.backend = ScriptedBackend()
+        self.loop = SenderLoop(worker, index, self.backend)
+        pf.install_on_loop(faults, self.loop)
+        self.in_hand: Started | None = None  # marked processing, not yet sent
+        self.lost_claim: list[Any] | None = None  # ids of a claim whose reply was lost
+
+    def __repr__(self) -> str:
+        return f"thread {self.index}"
+
+
 class SimWorker:
-    """One worker process with one sender thread, driven step by step."""
+    """One worker process with THREADS sender threads, driven step by step."""
 
     def __init__(self, name: str) -> None:
         self.name = name
         self.worker = Worker(worker_id=name, burst=True)
+        self.faults = pf.Faults()
+        pf.install_on_worker(self.faults, self.worker.queue)
         self.worker._register(self.worker.worker_id)  # what Worker.run() does first
-        self.backend = ScriptedBackend()
-        self.loop = SenderLoop(self.worker, 0, self.backend)
-        self.in_hand: Started | None = None  # marked processing, not yet sent
+        self.threads = [SimThread(self.worker, i, self.faults) for i in range(THREADS)]
 
     def __repr__(self) -> str:
         return self.worker.worker_id
@@ -174,6 +221,34 @@ class SimWorker:
     @property
     def incarnation(self) -> str:
         return self.worker.worker_id
+
+
+class RedisView:
+    """What Redis holds, read in two round trips: the invariants read it after every step."""
+
+    def __init__(self, queue: RedisQueue) -> None:
+        pipe = queue.redis.pipeline(transaction=True)
+        for key in queue.ready_keys:
+            pipe.lrange(key, 0, -1)
+        pipe.zrange(queue.scheduled_key, 0, -1, withscores=True)
+        pipe.zrange(queue.workers_key, 0, -1)
+        pipe.zrange(queue.dead_key, 0, -1)
+        *ready, scheduled, live, dead = pipe.execute()
+        self.ready = {int(pk) for ids in ready for pk in ids}
+        self.scheduled: dict[int, float] = {}  # the earliest entry of each id
+        for member, score in scheduled:
+            pk = int(member.decode().partition(":")[0])
+            self.scheduled[pk] = min(score, self.scheduled.get(pk, score))
+        self.live = [m.decode() for m in live]
+        self.dead = [m.decode() for m in dead]
+        owners = [*self.live, *self.dead]
+        pipe = queue.redis.pipeline(transaction=True)
+        for owner in owners:
+            pipe.lrange(queue.processing_key(owner), 0, -1)
+        self.lists = {
+            owner: [int(pk) for pk in ids]
+            for owner, ids in zip(owners, pipe.execute(), strict=True)
+        }
 
 
 class Rollback(Exception):
@@ -220,6 +295,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.statuses: dict[int, str] = {}
         self.recipients = 0
         self.steps = 0
+        self.current: SimThread | None = None  # the thread being driven
 
     # -- setup and teardown -------------------------------------------------------
 
@@ -232,12 +308,14 @@ class ProtocolMachine(RuleBasedStateMachine):
                 "ABANDONED_POLICY": policy,
                 "HEARTBEAT_TIMEOUT": TIMEOUT,
                 "RETRY_BACKOFF": (0.005, 0.02),
+                # A paused thread's idle wait: the model's next step is what comes after it.
+                "BLOCK_TIMEOUT": 0.001,
             }
         )
         self.override.enable()
         self.ready = True
         for name in NAMES[: NAMES.index(workers) + 1]:
-            self.workers.append(SimWorker(name))
+            self._add_worker(name)
 
     def note(self, what: str) -> None:
         """Count what a step did (shown by --hypothesis-show-statistics, too)."""
@@ -268,7 +346,9 @@ class ProtocolMachine(RuleBasedStateMachine):
     def enqueue(self, n: int, when: str, priority: str, rollback: bool) -> None:
         offset = {"now": None, "past": -600.0, "soon": 0.3, "later": 3600.0}[when]
         send_at = None if offset is None else timezone.now() + timedelta(seconds=offset)
-        recipients = [f"r{self.recipients + i}@example.com" for i in range(n)]
+        recipients = [
+            f"r{k}@{DOMAINS[k % len(DOMAINS)]}" for k in range(self.recipients, self.recipients + n)
+        ]
         self.recipients += n
         before = Delivery.objects.count()
         created: list[Delivery] = []
@@ -302,93 +382,168 @@ class ProtocolMachine(RuleBasedStateMachine):
     def start_worker(self, name: str) -> None:
         if any(w.name == name for w in self.dead):
             self.note("start_worker: restart under a reused worker id")
-        self.workers.append(SimWorker(name))
+        self._add_worker(name)
+
+    def _add_worker(self, name: str) -> SimWorker:
+        w = SimWorker(name)
+        w.faults.on_fire = functools.partial(self._fault_fired, w)
+        w.faults.on_freeze = functools.partial(self._frozen, w)
+        self.workers.append(w)
+        return w
 
     @precondition(lambda self: bool(self.workers))
     @rule(
         data=st.data(),
         moves=st.integers(1, 6),
         n=st.integers(1, 3),
-        lose_reply=st.booleans(),
+        faults=st.lists(st.sampled_from(pf.FAULTS), max_size=3),
         answer=st.sampled_from(["ok", "transient", "permanent", "ambiguous"]),
     )
     @step
-    def work(self, data: st.DataObject, moves: int, n: int, lose_reply: bool, answer: str) -> None:
-        """One worker takes its next ``moves`` steps, in SenderLoop.run()'s order."""
-        w = self._pick(data, lambda w: True)
-        for _ in range(moves):
-            w.loop._forget_claims_of_a_dead_incarnation()
-            if w.in_hand is not None:
-                self._send(w, answer)
-            elif w.loop.pending:
-                self._mark(w)
-            elif not self._claim(w, n, lose_reply):
-                return
+    def work(self, data: st.DataObject, moves: int, n: int, faults: list[str], answer: str) -> None:
+        """One sender thread takes its next ``moves`` steps, in SenderLoop.run()'s order.
 
-    def _claim(self, w: SimWorker, n: int, lose_reply: bool) -> bool:
-        """SenderLoop._claim(); False when it got nothing (then it settled alone)."""
-        loop = w.loop
-        w.worker.max_messages = n  # claim_size(): min(CLAIM_BATCH, what is left)
-        loop.nonce = uuid.uuid4().hex
-        lost = None
-        if lose_reply:
-            # The same round trip, whose reply never arrives.
-            lost = self.queue.claim(
-                w.incarnation, n, thread=loop.index, nonce=loop.nonce, acks=list(loop.acks)
+        ``faults`` are armed for these moves: each fires at its site's next call.
+        """
+        w = self._pick(data, lambda w: True)
+        t = data.draw(st.sampled_from(w.threads), label="thread")
+        with self._driving(w, t, faults):
+            for _ in range(moves):
+                t.loop._forget_claims_of_a_dead_incarnation()
+                if t.in_hand is not None:
+                    self._send(t, answer)
+                elif t.loop.pending:
+                    if t.loop.gate.paused():
+                        self._hold_while_paused(t)
+                    else:
+                        self._mark(t)
+                elif not self._claim(w, t, n):
+                    return
+
+    @contextlib.contextmanager
+    def _driving(self, w: SimWorker, t: SimThread | None, faults: list[str]) -> Iterator[None]:
+        """Arm ``faults`` on ``w`` while ``t`` (or the whole process) runs; disarm after."""
+        self.current = t
+        w.faults.arm(faults)
+        try:
+            with pf.active(w.faults):
+                yield
+        finally:
+            w.faults.disarm()
+            self.current = None
+
+    def _fault_fired(self, w: SimWorker, site: str, mode: str, result: Any) -> None:
+        self.note(f"fault: {site}:{mode}")
+        t = self.current
+        if site == "claim" and result is not None and result.registered and t is not None:
+            # A replay of the same nonce must hand back the same ids.
+            if t.lost_claim is not None:
+                assert list(result.items) == t.lost_claim, (result.items, t.lost_claim)
+            t.lost_claim = list(result.items)
+
+    def _frozen(self, w: SimWorker, mode: str) -> None:
+        """The step committed; the thread froze past the timeout; meanwhile the sweeper ran."""
+        with pf.active(None):
+            self._make_stale(w)
+            self._clock_jumps(w)
+            report = Sweeper(policy=self.policy).run_pass()
+            assert not report.errors, report.errors
+            self.note(
+                "freeze: sweeper "
+                + ("settled the row mid-step" if report.abandoned or report.requeued else "ran")
             )
+            if mode == "freeze+beat":
+                # The heartbeat thread ran while the sender thread was frozen.
+                self._beat(w)
+
+    def _claim(self, w: SimWorker, t: SimThread, n: int) -> bool:
+        """SenderLoop._claim(); False when it got nothing (then it settled alone)."""
+        loop = t.loop
+        w.worker.max_messages = n  # claim_size(): min(CLAIM_BATCH, what is left)
+        lost = t.lost_claim if loop.nonce is not None else None
         incarnation = w.incarnation
         settlement = loop.settlement
         loop._claim()
-        if lost is not None:
-            self.note("claim: reply lost, retried")
-            if lost.registered:
-                assert list(loop.pending) == lost.items, (lost.items, list(loop.pending))
+        if loop.nonce is not None:
+            self.note("claim: failed, to be retried with its nonce")
+            return True
+        t.lost_claim = None
         if incarnation != w.incarnation:
             self.note("claim: declared dead, carries on as a new incarnation")
-        elif loop.pending:
+            return True
+        if lost is not None:
+            self.note("claim: replayed after a lost reply")
+            assert list(loop.pending) == lost, (lost, list(loop.pending))
+        if loop.pending:
             self.note("claim: got ids")
         elif settlement is not None:
             self.note("claim: nothing, outcome written alone")
+        elif w.worker.control.current.paused:
+            self.note("claim: nothing (paused)")
         else:
             self.note("claim: nothing")
         return bool(loop.pending)
 
-    def _mark(self, w: SimWorker) -> None:
-        """SenderLoop._mark(): the previous outcome and this row, one commit."""
-        settling = w.loop.settlement is not None
-        w.in_hand = w.loop._mark(w.loop.pending.popleft())
-        what = "marked processing" if w.in_hand else "stale id dropped"
+    def _mark(self, t: SimThread) -> None:
+        """SenderLoop._mark(), then SenderLoop._held(): the previous outcome and this row."""
+        loop = t.loop
+        settling = loop.settlement is not None
+        item = loop.pending.popleft()
+        started = loop._mark(item)
+        if started is not None and loop._held(started):
+            what = "held by a switch, given back"
+        elif started is not None:
+            t.in_hand = started
+            what = "marked processing"
+        elif loop.pending and loop.pending[0] is item:
+            what = "failed, first in line again" + (
+                " with its token" if item.id in loop.tokens else ""
+            )
+        else:
+            what = "stale id dropped"
         self.note(f"mark: {what}" + (", previous outcome in the same commit" if settling else ""))
 
-    def _send(self, w: SimWorker, answer: str) -> None:
+    def _send(self, t: SimThread, answer: str) -> None:
         """SenderLoop._deliver() on a server that answers ``answer``."""
-        assert w.in_hand is not None
-        w.backend.plan = answer
-        w.loop.settlement = w.loop._deliver(w.in_hand)
-        w.in_hand = None
-        self.note(f"send: {answer} -> {w.loop.settlement.outcome}")
+        assert t.in_hand is not None
+        t.backend.plan = answer
+        t.loop.settlement = t.loop._deliver(t.in_hand)
+        t.in_hand = None
+        self.note(f"send: {answer} -> {t.loop.settlement.outcome}")
+
+    def _hold_while_paused(self, t: SimThread) -> None:
+        """SenderLoop._hold_while_paused(): outcome written, claimed ids given back."""
+        tokens = sum(1 for c in t.loop.pending if c.id in t.loop.tokens)
+        t.loop._hold_while_paused()
+        self.note("paused: gave back" + (" items with tokens" if tokens else ""))
 
     @precondition(lambda self: bool(self.workers))
     @rule(
-        data=st.data(), kind=st.sampled_from(["crash", "crash", "stall", "heartbeat", "shutdown"])
+        data=st.data(),
+        kind=st.sampled_from(["crash", "crash", "stall", "heartbeat", "shutdown"]),
+        faults=st.lists(st.sampled_from(pf.FAULTS), max_size=3),
     )
     @step
-    def lifecycle(self, data: st.DataObject, kind: str) -> None:
+    def lifecycle(self, data: st.DataObject, kind: str, faults: list[str]) -> None:
         """A worker process dies, freezes, beats, or stops gracefully."""
-        if kind == "shutdown" and not any(w.in_hand is None for w in self.workers):
+
+        def between_messages(w: SimWorker) -> bool:
+            return all(t.in_hand is None for t in w.threads)
+
+        if kind == "shutdown" and not any(between_messages(w) for w in self.workers):
             kind = "crash"  # SenderLoop.run() never stops between mark and send
-        w = self._pick(data, lambda w: kind != "shutdown" or w.in_hand is None)
+        w = self._pick(data, lambda w: kind != "shutdown" or between_messages(w))
         if kind == "crash":
-            # Dies where it stands: its loop state is gone, its heartbeat goes stale.
-            if w.in_hand is not None:
-                point = "after mark"
-            elif w.loop.settlement is not None:
-                point = "after send"
-            elif w.loop.pending:
-                point = "after claim"
-            else:
-                point = "idle"
-            self.note(f"crash: {point}")
+            # Dies where it stands: its loops' state is gone, its heartbeat goes stale.
+            points = []
+            for t in w.threads:
+                if t.in_hand is not None:
+                    points.append("after mark")
+                elif t.loop.settlement is not None:
+                    points.append("after send")
+                elif t.loop.pending:
+                    points.append("after claim")
+            self.note(f"crash: {', '.join(sorted(set(points))) or 'idle'}")
             self._make_stale(w)
             self.workers.remove(w)
             self.dead.append(w)
@@ -397,23 +552,50 @@ class ProtocolMachine(RuleBasedStateMachine):
             # moved on past the last heartbeat, so the lease check before a send sees it.
             self.note("stall")
             self._make_stale(w)
-            w.worker.lease_from -= STALE
+            self._clock_jumps(w)
         elif kind == "heartbeat":
-            # One turn of Worker._heartbeat_loop().
-            incarnation = w.incarnation
-            w.worker.beat()
-            if w.incarnation != incarnation:
-                self.note("heartbeat: declared dead, carries on as a new incarnation")
-            else:
-                self.note("heartbeat")
+            with self._driving(w, None, faults):
+                self._beat(w)
         else:
             self.note("shutdown")
-            self._stop(w)
+            with self._driving(w, None, faults):
+                self._stop(w)
+
+    def _beat(self, w: SimWorker) -> None:
+        """One turn of Worker._heartbeat_loop()."""
+        incarnation = w.incarnation
+        try:
+            if hasattr(w.worker, "beat"):
+                w.worker.beat()
+            else:  # the code before the heartbeat lease
+                now, alive = w.worker.queue.heartbeat(incarnation)
+                w.worker.clock.observe(now)
+                if not alive:
+                    w.worker.reincarnate(incarnation)
+        except RedisError:
+            self.note("heartbeat: failed")
+            return
+        if w.incarnation != incarnation:
+            self.note("heartbeat: declared dead, carries on as a new incarnation")
+        else:
+            self.note("heartbeat")
+
+    def _clock_jumps(self, w: SimWorker) -> None:
+        """time.monotonic() moves on past the last heartbeat (a freeze, a stall)."""
+        if hasattr(w.worker, "lease_from"):
+            w.worker.lease_from -= STALE
+        else:  # the code before the heartbeat lease timed a send from its mark
+            for t in w.threads:
+                if t.in_hand is not None:
+                    t.in_hand.started -= STALE
 
     def _stop(self, w: SimWorker) -> None:
-        # SenderLoop.run()'s finally, then the end of Worker.run().
-        w.loop._settle_alone()
-        w.loop._give_back()
+        # SenderLoop.run()'s finally in each thread, then the end of Worker.run().
+        for t in w.threads:
+            self.current = t
+            t.loop._settle_alone()
+            t.loop._give_back()
+        self.current = None
         w.worker._deregister()
         self.workers.remove(w)
         self.dead.append(w)
@@ -423,6 +605,30 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.queue.redis.zadd(
             self.queue.workers_key, {w.incarnation: self.queue.time() - STALE}, xx=True
         )
+
+    # -- the operator's switches ----------------------------------------------------------
+
+    @rule(
+        # Resumes weigh more: a pause stays until one, and stops all claiming meanwhile.
+        action=st.sampled_from(
+            ["pause", "pause domain", "resume", "resume", "resume domain", "resume domain"]
+        ),
+        domain=st.sampled_from(DOMAINS),
+        seen=st.booleans(),
+    )
+    @step
+    def switch(self, action: str, domain: str, seen: bool) -> None:
+        """outbox_pause / outbox_resume, for everything or one domain (outbox/queue/control.py)."""
+        name = domain if action.endswith("domain") else None
+        if action.startswith("pause"):
+            control.pause(name, queue=self.queue)
+        else:
+            control.resume(name, queue=self.queue)
+        self.note(f"switch: {action}")
+        if seen:
+            # CONTROL MAX_AGE went by: every thread looks again before its next mark.
+            for w in self.workers:
+                w.worker.control.seen_at = float("-inf")
 
     @rule(k=st.integers(1, 4))
     @step
@@ -555,55 +761,137 @@ class ProtocolMachine(RuleBasedStateMachine):
                 f"with {self.requeued[pk]} operator requeues"
             )
 
-    def _check_processing_rows(self, rows: dict[int, dict[str, Any]]) -> None:
+    def _check_processing_rows(self, rows: dict[int, dict[str, Any]], view: RedisView) -> None:
         """Invariant 4: a processing row is held by its incarnation, or that one is gone."""
-        registered = set(self.queue.live_workers()) | set(self.queue.dead_workers())
         for pk, row in rows.items():
             if row["status"] != Status.PROCESSING:
                 continue
             owner = row["worker_id"]
-            if owner in registered:
-                held = self.queue.processing_ids(owner)
+            if owner in view.lists:
+                held = view.lists[owner]
                 assert pk in held, f"processing row {pk} names {owner}, whose list is {held}"
             else:
                 # No longer registered: the stuck-row rule settles it once it is
                 # older than the timeout (draining checks that).
                 self.note("processing row of an incarnation that is gone")
 
-    def _unreachable(self, rows: dict[int, dict[str, Any]]) -> dict[int, str]:
-        """Invariant 1's test: queued rows no worker will ever claim, and why."""
-        redis = self.queue.redis
-        ready: set[int] = set()
-        for key in self.queue.ready_keys:
-            ready.update(int(i) for i in redis.lrange(key, 0, -1))
-        scheduled: dict[int, float] = {}
-        for member, score in redis.zrange(self.queue.scheduled_key, 0, -1, withscores=True):
-            pk = int(member.decode().partition(":")[0])
-            scheduled[pk] = min(score, scheduled.get(pk, score))
+    def _check_claims_held(self, view: RedisView) -> None:
+        """Invariant 5: what a live thread holds is in its incarnation's list, once per holder.
+
+        Its claimed ids, a lost claim's ids, the row in hand and the outcome
+        not yet written: one thread's acks (applied once, even across a
+        replayed claim) never take another thread's copy of the same id.
+        """
+        for w in self.workers:
+            if w.incarnation not in view.live:
+                continue
+            owed: Counter[int] = Counter()
+            for t in w.threads:
+                if t.loop.generation != w.worker.generation:
+                    continue  # its claims are the old incarnation's, for the sweeper
+                owed.update(c.id for c in t.loop.pending)
+                if t.loop.nonce is not None and t.lost_claim:
+                    owed.update(c.id for c in t.lost_claim)
+                for started in (t.in_hand, t.loop.settlement and t.loop.settlement.started):
+                    if started is not None and started.generation == w.worker.generation:
+                        owed[started.delivery.pk] += 1
+            held = Counter(view.lists[w.incarnation])
+            short = {pk: (n, held[pk]) for pk, n in owed.items() if held[pk] < n}
+            assert not short, (
+                f"{w.incarnation}'s threads hold ids its list lacks (held by threads, "
+                f"copies in the list): {short}"
+            )
+
+    def _expected(self, w: SimWorker) -> set[int]:
+        """Ids ``w``'s threads will still act on: claimed, lost, in hand, to acknowledge."""
+        ids: set[int] = set()
+        for t in w.threads:
+            loop = t.loop
+            ids.update(c.id for c in loop.pending)
+            ids.update(loop.acks)
+            ids.update(loop.tokens)
+            ids.update(c.id for c in t.lost_claim or [])
+            for started in (t.in_hand, loop.settlement and loop.settlement.started):
+                if started is not None:
+                    ids.add(started.delivery.pk)
+        return ids
+
+    def _unreachable(
+        self, rows: dict[int, dict[str, Any]], view: RedisView | None = None
+    ) -> tuple[dict[int, str], set[int]]:
+        """Invariant 1's test: queued rows no worker will ever claim, and why.
+
+        Also returns the queued rows held only by a live incarnation of ours
+        whose threads will never mark them (an ack or a give-back that went
+        missing): reachable only once the mirror's grace for held ids is over.
+        """
+        view = view or RedisView(self.queue)
+        ready, scheduled = view.ready, view.scheduled
+        ours = {w.incarnation: w for w in self.workers}
         held: set[int] = set()
-        for owner in [*self.queue.live_workers(), *self.queue.dead_workers()]:
-            held.update(self.queue.processing_ids(owner))
+        watched: dict[int, set[str]] = {}
+        for owner, ids in view.lists.items():
+            held.update(ids)
+            for pk in ids:
+                watched.setdefault(pk, set()).add(owner)
         lost: dict[int, str] = {}
+        leaked: set[int] = set()
         for pk, row in rows.items():
-            if row["status"] != Status.QUEUED or pk in ready or pk in held:
+            if row["status"] != Status.QUEUED or pk in ready:
                 continue
             due = row["not_before"].timestamp()
+            in_time = pk in scheduled and scheduled[pk] <= due + 1.0
+            if pk in held:
+                if not in_time and all(
+                    o in ours and pk not in self._expected(ours[o]) for o in watched[pk]
+                ):
+                    leaked.add(pk)
+                continue
             if pk not in scheduled:
                 lost[pk] = "in no ready list, not scheduled, held by no incarnation"
-            elif scheduled[pk] > due + 1.0:
+            elif not in_time:
                 lost[pk] = f"scheduled {scheduled[pk] - due:.1f}s after its not_before"
-        return lost
+        return lost, leaked
+
+    def _pass_after_grace(self, leaked: set[int]) -> None:
+        """The mirror's grace for ids held in live lists runs out, then one plain pass."""
+        held_grace = getattr(mirror_module, "held_grace", None)
+        if held_grace is None:  # the code before the grace trusted live lists for ever
+            report = Sweeper(policy=self.policy).run_pass(full_mirror_check=True)
+        else:
+            long_ago = self.queue.time() - held_grace() - 1.0
+            watch = self.queue.held_watch()
+            watch.update(dict.fromkeys(leaked, long_ago))
+            self.queue.set_held_watch(watch)
+            report = Sweeper(policy=self.policy).run_pass()
+        assert not report.errors, report.errors
 
     @invariant()
     def protocol_holds(self) -> None:
         if not self.ready:
             return
         self.busy = "invariants"
+        assert not self._abandoned_sends(), (
+            f"abandoned rows handed to the backend: {self._abandoned_sends()}"
+        )
         rows = self._rows()
+        view = RedisView(self.queue)
         self._check_settled_rows(rows)
         self._check_no_resend(rows)
-        self._check_processing_rows(rows)
-        lost = self._unreachable(rows)
+        self._check_processing_rows(rows, view)
+        self._check_claims_held(view)
+        lost, leaked = self._unreachable(rows, view)
+        if leaked:
+            self.note("invariant: ids no thread will mark, a pass after the grace")
+            self._pass_after_grace(leaked)
+            rows = self._rows()
+            self._check_settled_rows(rows)
+            lost, still = self._unreachable(rows)
+            still &= leaked
+            assert not still, (
+                f"queued rows held only in a live list nobody will mark, after the "
+                f"mirror's grace: {still}"
+            )
         if lost:
             # Reachable after ONE full sweep, or the protocol lost them.
             self.note("invariant: unreachable rows, full sweep on the spot")
@@ -611,21 +899,34 @@ class ProtocolMachine(RuleBasedStateMachine):
             assert not report.errors, report.errors
             rows = self._rows()
             self._check_settled_rows(rows)
-            still = self._unreachable(rows)
-            assert not still, (
-                f"queued rows unreachable after a full sweep: {still} (before: {lost})"
+            still_lost, _ = self._unreachable(rows)
+            assert not still_lost, (
+                f"queued rows unreachable after a full sweep: {still_lost} (before: {lost})"
             )
         self.statuses = {pk: row["status"] for pk, row in rows.items()}
         self.busy = ""
+
+    def _abandoned_sends(self) -> list[str]:
+        """Invariant 6: no row is handed to the backend while it is abandoned."""
+        return [
+            message_id
+            for w in [*self.workers, *self.dead]
+            for t in w.threads
+            for message_id in t.backend.abandoned_sends
+        ]
 
     # -- draining --------------------------------------------------------------------------
 
     def drain(self) -> None:
         for w in list(self.workers):
-            if w.in_hand is not None:
-                w.loop.settlement = w.loop._deliver(w.in_hand)
-                w.in_hand = None
+            for t in w.threads:
+                if t.in_hand is not None:
+                    t.loop.settlement = t.loop._deliver(t.in_hand)
+                    t.in_hand = None
             self._stop(w)
+        control.resume(queue=self.queue)
+        for domain in DOMAINS:
+            control.resume(domain, queue=self.queue)
 
         def drained() -> bool:
             # A zero timeout: every incarnation is gone, nothing has to age.
@@ -660,6 +961,7 @@ class ProtocolMachine(RuleBasedStateMachine):
                 assert pk in scheduled, f"queued row {pk} does not wait in 'scheduled'"
                 assert abs(scheduled[pk] - row["not_before"].timestamp()) < 1.0
         assert self.queue.redis.keys(self.queue.processing_key("*")) == []
+        assert not self._abandoned_sends(), self._abandoned_sends()
         handed = Counter(m.extra_headers.get("Message-ID") for m in mail.outbox)
         for pk, row in rows.items():
             if row["status"] == Status.SENT and pk not in self.marked_sent:
@@ -671,20 +973,23 @@ def test_protocol_model() -> None:
     started = time.monotonic()
     RULES_RUN.clear()
     STEPS.clear()
+    pf.FIRED.clear()
     try:
-        _run()
+        with pf.module_sites():
+            _run()
     finally:
         # Shown with -s: what the examples exercised, and how long they took.
         seconds = time.monotonic() - started
         print(f"\nprotocol model: {len(STEPS)} examples, {sum(STEPS)} steps, {seconds:.1f}s")
         print("what the steps did:", dict(sorted(RULES_RUN.items())))
+        print("faults fired:", dict(sorted(pf.FIRED.items())))
 
 
 def _run() -> None:
     run_state_machine_as_test(
         ProtocolMachine,
         settings=settings(
-            max_examples=int(os.environ.get("OUTBOX_TEST_MODEL_EXAMPLES", "50")),
+            max_examples=int(os.environ.get("OUTBOX_TEST_MODEL_EXAMPLES", "35")),
             stateful_step_count=30,
             deadline=None,
             suppress_health_check=[
@@ -697,7 +1002,7 @@ def _run() -> None:
 
 
 def test_retried_claim_keeps_the_ids_it_claimed() -> None:
-    """The machine's first find, replayed step by step (see the report in issue 11).
+    """The machine's first find, replayed step by step.
 
     A claim whose reply was lost is retried with the same nonce; ``claim.lua``
     then applies the acks a second time. When the lost call had claimed one of
@@ -714,11 +1019,12 @@ def test_retried_claim_keeps_the_ids_it_claimed() -> None:
                 "Order", "Thanks", None, ["a@x.com", "b@x.com", "c@x.com"], priority="high"
             )
         w = machine.workers[0]
-        assert machine._claim(w, 2, lose_reply=False)  # a, b
-        machine._mark(w)  # a processing
-        machine._send(w, "transient")  # a: retry in a few milliseconds
-        machine._mark(w)  # a queued again (acked), b processing
-        machine._send(w, "ok")
+        t = w.threads[0]
+        assert machine._claim(w, t, 2)  # a, b
+        machine._mark(t)  # a processing
+        machine._send(t, "transient")  # a: retry in a few milliseconds
+        machine._mark(t)  # a queued again (acked), b processing
+        machine._send(t, "ok")
         # Until a is due again.
         wait_until(
             lambda: (
@@ -728,10 +1034,12 @@ def test_retried_claim_keeps_the_ids_it_claimed() -> None:
             ),
             5,
         )
-        assert machine._claim(w, 2, lose_reply=True)  # c and a again; the reply is lost once
-        machine._mark(w)  # b sent, c processing
-        machine._send(w, "ok")
-        machine._mark(w)  # c sent, a processing
+        with machine._driving(w, t, ["claim:lose"]):
+            assert machine._claim(w, t, 2)  # c and a again; the reply is lost
+            assert machine._claim(w, t, 2)  # the same claim, replayed
+        machine._mark(t)  # b sent, c processing
+        machine._send(t, "ok")
+        machine._mark(t)  # c sent, a processing
         machine.protocol_holds()
     finally:
         machine.teardown()

@@ -305,14 +305,18 @@ def _write_postgresql(
     created = insert_postgresql(
         p, email, message_ids, bare, using=using, now=now, not_before=not_before
     )
-    entries = queue_entries(created, not_before)
+    # Due now by the database's clock: due now by Redis' too (this host's clock may be ahead).
+    entries = queue_entries(created, p.send_at)
     transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
     return created
 
 
-def queue_entries(deliveries: Sequence[Delivery], not_before: datetime) -> list[QueueEntry]:
-    """What to push after the commit: only queued rows (a suppressed one is cancelled)."""
-    at = not_before.timestamp()
+def queue_entries(deliveries: Sequence[Delivery], not_before: datetime | None) -> list[QueueEntry]:
+    """What to push after the commit: only queued rows (a suppressed one is cancelled).
+
+    ``not_before`` None: the rows are due now (the database wrote its own now()).
+    """
+    at = 0.0 if not_before is None else not_before.timestamp()
     queued = Delivery.Status.QUEUED
     return [QueueEntry(d.pk, d.priority, at) for d in deliveries if d.status == queued]
 

@@ -123,8 +123,11 @@ def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
         )
     emails, deliveries = insert_many(rows, using=using, now=now)
     entries: list[QueueEntry] = []
+    # On PostgreSQL a row due now was written with the database's now(): due now in Redis too.
+    postgresql = connections[using].vendor == "postgresql"
     for row, created in zip(rows, deliveries, strict=True):
-        entries += queue_entries(created, row.not_before)
+        due = row.prepared.send_at if postgresql else row.not_before
+        entries += queue_entries(created, due)
     transaction.on_commit(partial(_after_commit, emails, deliveries, entries), using=using)
     return deliveries
 

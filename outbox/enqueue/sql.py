@@ -51,15 +51,17 @@ def insert_postgresql(
         "expires_at": p.expires_at,
         "priority": p.priority,
         "max_attempts": p.max_attempts,
-        "not_before": not_before,
+        # NULL when due now: the statement writes the database's now() (its clock,
+        # not this host's); an explicit send_at is the caller's own time.
+        "not_before": p.send_at,
         "mailer": p.mailer,
     }
     with binding_cursor(connections[using]) as cursor:
         if outbox_settings.POSTGRESQL_FUNCTIONS and len(p.recipients) == 1:
             params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
             cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
-            pk, email_id, reason = cursor.fetchone()[0]
-            returned = [(int(pk), int(email_id), message_ids[0], reason)]
+            (pk, email_id, reason), db_now = cursor.fetchone()
+            returned = [(int(pk), int(email_id), message_ids[0], reason, db_now)]
         else:
             params.update(
                 recipients=p.recipients,
@@ -74,9 +76,11 @@ def insert_postgresql(
     email.pk = returned[0][1]
     email._state.adding = False
     email._state.db = using
-    ids = {message_id: pk for pk, _email, message_id, _why in returned}
-    reasons = {message_id: why for _pk, _email, message_id, why in returned}
+    ids = {message_id: pk for pk, _email, message_id, _why, _now in returned}
+    reasons = {message_id: why for _pk, _email, message_id, why, _now in returned}
     why = [reasons[m] for m in message_ids]
+    if p.send_at is None:
+        not_before = returned[0][4]  # the database's now(), which the rows hold
     return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
 
 
@@ -162,7 +166,8 @@ def insert_many(
         if connection.vendor == "postgresql":
             cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows, now))
             returned = cursor.fetchall()
-            email_ids = {message_id: email_id for _pk, email_id, message_id in returned}
+            email_ids = {message_id: email_id for _pk, email_id, message_id, _now in returned}
+            db_now = returned[0][3]  # now(): what rows due now hold
             for email, r in zip(emails, rows, strict=True):
                 email.pk = email_ids[r.message_ids[0]]
         else:
@@ -181,8 +186,9 @@ def insert_many(
                     _deliveries_json(rows, emails, ops.adapt_datetimefield_value),
                 ],
             )
-            returned = [(pk, 0, message_id) for pk, message_id in cursor.fetchall()]
-    ids = {message_id: pk for pk, _email, message_id in returned}
+            returned = [(pk, 0, message_id, None) for pk, message_id in cursor.fetchall()]
+            db_now = None
+    ids = {message_id: pk for pk, _email, message_id, _now in returned}
     deliveries = []
     for email, r in zip(emails, rows, strict=True):
         email._state.adding = False
@@ -196,7 +202,9 @@ def insert_many(
                 ids,
                 using=using,
                 now=now,
-                not_before=r.not_before,
+                not_before=r.not_before
+                if db_now is None or r.prepared.send_at is not None
+                else db_now,
             )
         )
     return emails, deliveries
@@ -226,7 +234,7 @@ def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]
         per_delivery["why"] += r.why
         per_delivery["priorities"] += [p.priority] * n
         per_delivery["max_attempts"] += [p.max_attempts] * n
-        per_delivery["not_befores"] += [r.not_before] * n
+        per_delivery["not_befores"] += [p.send_at] * n  # NULL: the database's now()
         per_delivery["expires"] += [p.expires_at] * n
     return {
         "email_table": Email._meta.db_table,

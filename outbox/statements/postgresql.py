@@ -67,7 +67,10 @@ from django.db.migrations.state import StateApps
 # The email and all its deliveries: the recipients travel as arrays instead of
 # a VALUES row each (that is what makes a 10,000-recipient call cheap), and
 # RETURNING is matched back by Message-ID, which is unique, so no row order is
-# assumed. A suppressed recipient's row is written cancelled, with the text
+# assumed. A row due now comes with ``not_before`` NULL and gets ``now()``: the
+# database's clock, the one the worker's due test reads, not the web host's
+# (also in the calls below and ENQUEUE_MANY). Each returns now() too, so the
+# instances returned to the caller hold what the rows hold. A suppressed recipient's row is written cancelled, with the text
 # ``outbox.suppression.reason`` gives elsewhere.
 ENQUEUE = """
 WITH email AS (
@@ -82,7 +85,7 @@ INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, ma
 SELECT email.id, r.recipient,
     CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
     %(priority)s, 0, %(max_attempts)s,
-    %(not_before)s, %(expires_at)s, '', r.message_id,
+    COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s, '', r.message_id,
     CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
         || ' is on the suppression list (' || s.source || ')'
         || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
@@ -90,14 +93,15 @@ SELECT email.id, r.recipient,
 FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
     AS r(recipient, message_id, bare)
 LEFT JOIN outbox_suppression s ON s.address = r.bare
-RETURNING id, email_id, message_id, last_error
+RETURNING id, email_id, message_id, last_error, now()
 """
 
 # The same through ENQUEUE_FUNCTION_V1: same parameters, same rows returned.
 ENQUEUE_CALL = """
-SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s, %(not_before)s,
-    %(expires_at)s::timestamptz, %(recipients)s::text[], %(message_ids)s::text[],
+SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
+    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
+    COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz,
+    %(recipients)s::text[], %(message_ids)s::text[],
     %(bare)s::text[], %(mailer)s)
 """
 
@@ -110,8 +114,9 @@ SELECT * FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_
 ENQUEUE_ONE_CALL = """
 SELECT outbox_enqueue_one(%(subject)s, %(body)s, %(html)s, %(from)s,
     %(reply_to)s::jsonb, %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
-    %(not_before)s, %(expires_at)s::timestamptz, %(recipient)s, %(message_id)s, %(bare)s,
-    %(mailer)s)
+    COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz, %(recipient)s,
+    %(message_id)s, %(bare)s,
+    %(mailer)s), now()
 """
 
 # One chunk of enqueue_many: the email ids are drawn from the table's sequence
@@ -137,7 +142,8 @@ INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, ma
     not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
 SELECT email.id, d.recipient,
     CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
-    d.priority, 0, d.max_attempts, d.not_before, d.expires_at, '', d.message_id, d.why,
+    d.priority, 0, d.max_attempts, COALESCE(d.not_before, now()), d.expires_at, '',
+    d.message_id, d.why,
     %(now)s, %(now)s
 FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[],
     %(why)s::text[], %(priorities)s::text[], %(max_attempts)s::integer[],
@@ -145,7 +151,7 @@ FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[]
     AS d(item, recipient, message_id, why, priority, max_attempts, not_before, expires_at)
 JOIN ids USING (item)
 JOIN email ON email.id = ids.id
-RETURNING id, email_id, message_id
+RETURNING id, email_id, message_id, now()
 """
 
 # -- the worker ---------------------------------------------------------------------------

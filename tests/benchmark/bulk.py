@@ -5,7 +5,7 @@ context, rendering a database template (``outbox.models.EmailTemplate``),
 timed end to end: validation, rendering, the INSERTs, the commit and the Redis
 push after it. Theirs: ``post_office.mail.send_many`` with a post_office
 database template and the same contexts, priority ``medium`` (queued, not
-sent at once). The targets (issue 14): under 3 s, and at least 3x post_office.
+sent at once). The targets: under 3 s, and at least 3x post_office.
 """
 
 from __future__ import annotations

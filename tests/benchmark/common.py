@@ -66,7 +66,7 @@ class Sizes:
     scale_drain: int = 5_000
     scale_concurrency: int = 16
     dashboard_rows: int = 1_000_000
-    # Personalised template emails through enqueue_many (the bulk part, issue 14):
+    # Personalised template emails through enqueue_many (the bulk part):
     # the target is stated for 10,000, so --quick keeps that size.
     bulk_templates: int = 10_000
 

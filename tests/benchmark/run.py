@@ -1,4 +1,4 @@
-"""Benchmark: django-email-outbox vs django-post-office vs django-mailer (issue 6).
+"""Benchmark: django-email-outbox vs django-post-office vs django-mailer.
 
 Run through tests/benchmark/run.sh, which starts redis-server and a durable
 PostgreSQL and sets the BENCH_* environment. This module is the runner: the

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The benchmark of issue 6: django-email-outbox against django-post-office and
+# The benchmark: django-email-outbox against django-post-office and
 # django-mailer, on one machine and one database server, in one run.
 #
 #   tests/benchmark/run.sh                 # full run (PostgreSQL and SQLite), ~10 minutes on 2 cores

@@ -1,6 +1,6 @@
 """The benchmark's targets and their verdicts.
 
-The targets of issue 12 ("win at Django's defaults"), measured with Django's
+The targets ("win at Django's defaults"), measured with Django's
 default DATABASES options (no ``prepare_threshold``, CONN_MAX_AGE 0):
 
 - no-op delivery by the documented worker configuration >= 1.2x post_office's

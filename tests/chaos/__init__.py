@@ -1,1 +1,1 @@
-"""The chaos run (issue 5): see ``tests/chaos/run.py`` and ``tests/chaos/run.sh``."""
+"""The chaos run: see ``tests/chaos/run.py`` and ``tests/chaos/run.sh``."""

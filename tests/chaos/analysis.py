@@ -2,7 +2,7 @@
 
 ``analyze`` reads what the SMTP server received, every Delivery row and every
 sweeper Attempt, counts (``COUNT_KEYS``) and applies the rules; any broken rule
-is a violation, and the run exits 1 (the rules of the faults added with issue 11,
+is a violation, and the run exits 1 (the rules of the edge faults,
 restarts under a reused id, a skewed clock, SMTP stalls and cuts, are in
 expectations.py). The rules: nothing lost (no row left
 queued/processing, no row "sent" without a receipt, no receipt for an unknown
@@ -20,12 +20,17 @@ from __future__ import annotations
 
 import datetime
 from collections import Counter, defaultdict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from tests.chaos.config import COUNT_KEYS, LIVE
+from tests.chaos.config import COUNT_KEYS, LIVE, NET_COUNT_KEYS
 from tests.chaos.expectations import check_new_faults, disturbed_incarnations
-from tests.chaos.processes import pid_of
+from tests.chaos.expectations_net import (
+    Acts,
+    abandoning_acts,
+    check_net_faults,
+    sweeper_act_explained,
+)
 
 if TYPE_CHECKING:
     from tests.chaos.child import Child
@@ -44,6 +49,8 @@ class Evidence:
     by_pk: dict[int, tuple[str, str, str, int]]  # pk -> Message-ID, recipient, status, attempts
     sweeper_acts: dict[int, list[tuple[str, str]]]  # pk -> (outcome, worker id)
     doubts: dict[int, list[tuple[str, str]]]  # pk -> (outcome, worker id): in-doubt attempts
+    receipt_times: dict[str, list[float]] = field(default_factory=dict)  # Message-ID -> times
+    acts: Acts = field(default_factory=dict)  # sweeper settlements, workers' "ambiguous", timed
 
 
 def gather(child: Child) -> Evidence:
@@ -52,9 +59,11 @@ def gather(child: Child) -> Evidence:
     from outbox.models import Attempt, Delivery
 
     receipts: list[tuple[str, str]] = []
+    receipt_times: dict[str, list[float]] = defaultdict(list)
     for line in child.receipts_path.read_text(encoding="utf-8").splitlines():
-        message_id, _, rcpt = line.partition(" ")
+        message_id, rcpt, when = line.split(" ")
         receipts.append((message_id, rcpt))
+        receipt_times[message_id].append(float(when))
     copies = Counter(message_id for message_id, _ in receipts)
     rows = {
         message_id: (pk, recipient, status, attempts)
@@ -77,7 +86,9 @@ def gather(child: Child) -> Evidence:
         .values_list("delivery_id", "outcome", "worker_id")
     ):
         doubts[delivery_id].append((outcome, worker_id))
-    return Evidence(receipts, copies, rows, by_pk, sweeper_acts, doubts)
+    return Evidence(
+        receipts, copies, rows, by_pk, sweeper_acts, doubts, receipt_times, abandoning_acts()
+    )
 
 
 def analyze(child: Child) -> dict[str, Any]:
@@ -95,6 +106,7 @@ def analyze(child: Child) -> dict[str, Any]:
     c["window hits"] = count_window_hits(child, ev, c)
     check_documented_outcomes(child, ev, c, problem_rows)
     check_new_faults(child, ev, c, problem_rows)
+    check_net_faults(child, ev, c, problem_rows)
     add_violations(child, c, problem_rows)
     child.details.extend(row_details(child, problem_rows, ev.copies))
     return result_of(child, c)
@@ -169,21 +181,25 @@ def count_rows(child: Child, ev: Evidence, c: Counter[str], problem_rows: Proble
 
 
 def count_window_hits(child: Child, ev: Evidence, c: Counter[str]) -> int:
-    """Rows a killed or stopped worker had in its send window: the sweeper settled them."""
-    sweeper_acts = ev.sweeper_acts
+    """Rows a killed, stopped or cut-off worker had in its send window: the sweeper settled them.
+
+    Cut off: a proxied worker a network fault reached just before (network.py).
+    """
     disturbed = disturbed_incarnations(child)
     window_hits = 0
-    for pk, acts in sweeper_acts.items():
-        for outcome, worker_id in acts:
-            if outcome not in ("requeued", "abandoned", "failed"):
+    for pk, acts in ev.acts.items():
+        for what, worker_id, when in acts:
+            if what not in ("sweeper requeued", "sweeper abandoned", "sweeper failed"):
                 continue
-            if worker_id in disturbed or pid_of(worker_id) in child.disturbed:
+            why = sweeper_act_explained(child, worker_id, when, disturbed)
+            if why:
                 window_hits += 1
+                c["sweeper acts explained by network faults"] += why == "network"
             else:
                 c["sweeper acted on undisturbed worker"] += 1
                 child.details.append(
-                    f"row {pk}: sweeper {outcome} it from worker {worker_id!r}, which the "
-                    "harness did not kill or stop"
+                    f"row {pk}: {what} it from worker {worker_id!r}, which the "
+                    "harness did not kill or stop, nor cut off from its servers"
                 )
     return window_hits
 
@@ -266,6 +282,10 @@ def add_violations(child: Child, c: Counter[str], problem_rows: ProblemRows) -> 
         "restart row not settled by the sweeper as documented",
         "skewed worker's row settled by the sweeper",
         "stall/cut row not as documented",
+        "abandoned row sent after it was abandoned",
+        "abandoned row not in doubt",
+        "row-lock row not as documented",
+        "long-send row not as documented",
     ):
         if problem_rows.get(what):
             v.append(f"{what}: rows {problem_rows[what]}")
@@ -296,6 +316,8 @@ def result_of(child: Child, c: Counter[str]) -> dict[str, Any]:
             "unexpected exits": len(child.unexpected_exits),
             "drain timed out": child.counts["drain timed out"],
         }
+        | {key: child.counts[key] for key in NET_COUNT_KEYS}
+        | child.proxy_counters()
     )
     smtp_answers = dict(child.smtp.answers) if child.smtp else {}
     return {

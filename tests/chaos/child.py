@@ -20,13 +20,14 @@ from typing import Any
 from tests.chaos.analysis import analyze
 from tests.chaos.config import LIVE, Config, HarnessError
 from tests.chaos.faults import FAULTS
+from tests.chaos.network import NetFault, NetworkMixin
 from tests.chaos.plan import EnqueueMixin, Txn, make_plan, split_reserve
 from tests.chaos.processes import Proc, ProcessesMixin
 from tests.chaos.servers import ServersMixin
 from tests.chaos.smtp import ChaosSMTPHandler
 
 
-class Child(ServersMixin, ProcessesMixin, EnqueueMixin):
+class Child(ServersMixin, ProcessesMixin, EnqueueMixin, NetworkMixin):
     """Everything one policy's run starts, does and checks (runs in the child process)."""
 
     def __init__(self, config: Config) -> None:
@@ -63,6 +64,10 @@ class Child(ServersMixin, ProcessesMixin, EnqueueMixin):
         self.restart_rows: list[tuple[int, str]] = []  # row, the killed incarnation
         self.skewed: list[Proc] = []
         self.smtp_fault_rows: list[tuple[str, int]] = []  # "stall"/"cut", row
+        self.proxies: dict[str, Any] = {}  # "redis"/"postgres" -> FaultProxy (network.py)
+        self.net_faults: list[NetFault] = []
+        self.lock_rows: list[tuple[int, int]] = []  # row, pid of the worker stopped on it
+        self.long_send_rows: list[tuple[int, int, int]] = []  # row, pid, exit status
         self.violations: list[str] = []
         self.details: list[str] = []
         self.timings: dict[str, float] = {}
@@ -104,6 +109,13 @@ class Child(ServersMixin, ProcessesMixin, EnqueueMixin):
         if config.db != "postgres" and config.db_refusals:
             self.say("SQLite: no 'refuse mark sent' step (it needs pg_terminate_backend)")
             config.db_refusals = 0
+        if config.db != "postgres":
+            self.say("SQLite: no lost step reply, PostgreSQL outage or row lock")
+            config.lost_steps = config.pg_outages = config.lock_stops = 0
+        if not config.proxied_workers:
+            self.say("no proxied workers: no lost replies and no outages")
+            config.lost_claims = config.lost_steps = config.lost_pushes = 0
+            config.redis_outages = config.pg_outages = 0
         shutil.rmtree(self.logs, ignore_errors=True)
         self.logs.mkdir(parents=True)
         plan, self.permanent = make_plan(config, self.rng)
@@ -142,11 +154,12 @@ class Child(ServersMixin, ProcessesMixin, EnqueueMixin):
         self.say(f"enqueued {len(self.committed)} (rolled back {len(self.rolled_back)}) so far")
         self.start_sweeper()
         mix = config.concurrency or [1]
+        proxied = min(config.proxied_workers, config.workers) if self.proxies else 0
         for index in range(config.workers):
-            self.start_worker(mix[index % len(mix)])
+            self.start_worker(mix[index % len(mix)], proxied=index >= config.workers - proxied)
         self.say(
-            f"{config.workers} workers (concurrency {[p.concurrency for p in self.procs]}), "
-            "sweeper --loop 1"
+            f"{config.workers} workers (concurrency {[p.concurrency for p in self.procs]}, "
+            f"{proxied} through the fault proxies), sweeper --loop 1"
         )
 
     def play_schedule(self) -> None:

@@ -57,6 +57,27 @@ COUNT_KEYS = (
     "ambiguous rows",
     "stall/cut rows not as documented",
     "in-doubt retries",
+    "sweeper acts explained by network faults",
+    "abandoned not in doubt",
+    "receipt after abandonment",
+    "lock rows",
+    "lock rows not as documented",
+    "long-send rows",
+    "long-send rows not as documented",
+)
+
+# The counts of the network and signal faults (faults/lost_reply.py, outage.py,
+# row_lock.py, long_send.py), as the child counts them while it plays them.
+NET_COUNT_KEYS = (
+    "lost claim reply",
+    "lost step reply",
+    "lost push reply",
+    "redis outage",
+    "postgres outage",
+    "connections cut",
+    "SIGSTOP blocked on a row lock",
+    "SIGTERM during a long send",
+    "proxied workers started",
 )
 
 
@@ -85,6 +106,14 @@ class Config:
     skews: int = 1  # a worker whose clock is 90 s behind (faketime)
     stalls: int = 2  # the SMTP server never answers DATA's final dot
     cuts: int = 2  # the SMTP server records the message, then cuts the connection
+    lost_claims: int = 2  # the reply to a proxied worker's claim script is lost
+    lost_steps: int = 2  # ... to its step statement (PostgreSQL)
+    lost_pushes: int = 2  # ... to its push script (a retry after a 451)
+    redis_outages: int = 2  # the Redis proxy refuses connections a few seconds, cuts the rest
+    pg_outages: int = 2  # the same, PostgreSQL's proxy
+    lock_stops: int = 2  # SIGSTOP a worker whose step waits on a row lock the harness holds
+    long_sends: int = 2  # SIGTERM a worker while the SMTP server holds its reply > heartbeat
+    proxied_workers: int = 2  # workers behind the fault proxies (network.py)
     rollback_fraction: float = 0.1
     transient_fraction: float = 0.05  # flaky recipients: 451 on their first 1-2 tries
     permanent_fraction: float = 0.01  # recipients refused with 550
@@ -92,7 +121,7 @@ class Config:
     batches: int = 0  # enqueue transactions groups; 0: automatic
     heartbeat_timeout: float = 3.0
     heartbeat_interval: float = 0.5
-    send_timeout: float = 3.0  # OUTBOX["SEND_TIMEOUT"] of the workers
+    send_timeout: float = 6.0  # OUTBOX["SEND_TIMEOUT"] of the workers (> heartbeat_timeout)
     skew_seconds: float = -90.0  # the skewed worker's clock offset
     results_dir: str = str(RESULTS_DIR)
     keep_db: bool = False
@@ -112,6 +141,13 @@ class Config:
             "skew": self.skews,
             "stall": self.stalls,
             "cut": self.cuts,
+            "lost-claim": self.lost_claims,
+            "lost-step": self.lost_steps,
+            "lost-push": self.lost_pushes,
+            "redis-outage": self.redis_outages,
+            "pg-outage": self.pg_outages,
+            "lock-stop": self.lock_stops,
+            "long-send": self.long_sends,
         }
 
 

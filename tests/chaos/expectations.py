@@ -1,4 +1,4 @@
-"""The rules of the faults added with issue 11: reused worker ids, a skewed clock, SMTP doubts.
+"""The rules of the edge faults: reused worker ids, a skewed clock, SMTP doubts.
 
 ``check_new_faults`` is called by analysis.py with the run's evidence:
 

@@ -87,7 +87,8 @@ def make_plan(config: Config, rng: random.Random) -> tuple[list[list[Txn]], set[
 def split_reserve(plan: list[list[Txn]], config: Config) -> tuple[list[list[Txn]], list[list[Txn]]]:
     """Hold back the last batches of the plan for the faults that need work of their own."""
     counts = config.schedule_counts()
-    wanted = 2 * sum(counts[name] for name in ("window", "refuse", "restart", "stall", "cut"))
+    own = ("window", "refuse", "restart", "stall", "cut", "lost-push", "long-send")
+    wanted = 2 * sum(counts[name] for name in own)
     size = min(wanted, len(plan) // 4)
     if size == 0:
         return plan, []

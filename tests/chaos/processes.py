@@ -46,6 +46,7 @@ class Proc:
     log: Path
     concurrency: int = 1
     expected_exit: bool = False
+    proxied: bool = False  # reaches Redis and PostgreSQL through the fault proxies
 
     @property
     def pid(self) -> int:
@@ -120,24 +121,28 @@ class ProcessesMixin:
         fault: str | None = None,
         worker_id: str | None = None,
         env: dict[str, str] | None = None,
+        proxied: bool = False,
     ) -> Proc:
         """Start ``outbox_worker``; ``fault`` names the point where it stops itself, once.
 
         A worker with an ``env`` of its own (faketime) runs through
         tests/chaos/worker_main.py (see there why); ``worker_id`` is its
-        ``--worker-id``.
+        ``--worker-id``; a ``proxied`` one reaches its servers through the fault
+        proxies (network.py).
         """
         self.worker_serial += 1
         name = f"{role}-{self.worker_serial}"
         log = self.logs / f"{name}.log"
         extra = {"OUTBOX_FAULT_POINT": fault, "OUTBOX_FAULT_COUNT": "1"} if fault else {}
         extra.update(env or {})
+        if proxied:
+            extra.update(self.proxied_env())
         args = ["outbox_worker", "--concurrency", str(concurrency), "--summary-interval", "10"]
         if worker_id:
             args += ["--worker-id", worker_id]
         module = "tests.chaos.worker_main" if env else "django"
         popen = self._spawn(args, log, extra, module=module)
-        proc = Proc(name, role, popen, log, concurrency)
+        proc = Proc(name, role, popen, log, concurrency, proxied=proxied)
         self.procs.append(proc)
         self.counts["workers started"] += 1
         return proc
@@ -171,7 +176,7 @@ class ProcessesMixin:
             self.unexpected_exits.append(text)
             self.say("UNEXPECTED: " + text)
             if proc.role == "worker":
-                self.start_worker(proc.concurrency)
+                self.start_worker(proc.concurrency, proxied=proc.proxied)
 
     def live_workers(self) -> list[Proc]:
         return [

@@ -46,6 +46,7 @@ def table_rows(result: dict[str, Any]) -> list[tuple[str, Any]]:
         ),
         ("cancelled", c["cancelled"]),
         *fault_rows(c, review),
+        *net_fault_rows(c, review),
         ("sweeper restarts (it died)", c["sweeper restarts"]),
         ("extra deliveries enqueued for faults (plan used up)", c["extra enqueued for faults"]),
         (
@@ -97,6 +98,50 @@ def fault_rows(c: Counter[str], review: bool) -> list[tuple[str, Any]]:
             + ("abandoned in doubt, never resent" if review else "retried in doubt, then sent")
             + f": {smtp_ok} of {smtp_played}; rows in doubt: {c['ambiguous rows']}, "
             f"in-doubt retries: {c['in-doubt retries']})",
+        ),
+    ]
+
+
+def net_fault_rows(c: Counter[str], review: bool) -> list[tuple[str, Any]]:
+    """The rows of the network and signal faults, and of the rules on abandoned rows."""
+    lock_ok = c["lock rows"] - c["lock rows not as documented"]
+    long_ok = c["long-send rows"] - c["long-send rows not as documented"]
+    return [
+        (
+            "lost reply + cut: claim / step / push (proxied workers)",
+            f"{c['lost claim reply']} / {c['lost step reply']} / {c['lost push reply']}",
+        ),
+        (
+            "refused connections + open ones cut: Redis / PostgreSQL",
+            f"{c['redis outage']} / {c['postgres outage']} (connections refused: "
+            f"{c['redis proxy: refused'] + c['postgres proxy: refused']}, cut: "
+            f"{c['connections cut']})",
+        ),
+        (
+            "sweeper settlements explained by a network fault",
+            c["sweeper acts explained by network faults"],
+        ),
+        (
+            "SIGSTOP while its step waits on a row lock",
+            f"{c['SIGSTOP blocked on a row lock']} ("
+            + ("abandoned, never sent" if review else "requeued, sent once at most")
+            + f": {lock_ok} of {c['lock rows']} rows)",
+        ),
+        (
+            "SIGTERM during a send held > HEARTBEAT_TIMEOUT",
+            f"{c['SIGTERM during a long send']} (sent once, never abandoned: "
+            f"{long_ok} of {c['long-send rows']})",
+        ),
+        (
+            "abandoned rows not in doubt / receipts after abandonment",
+            f"{c['abandoned not in doubt']} / {c['receipt after abandonment']}",
+        ),
+        (
+            "workers behind the fault proxies (started)",
+            f"{c['proxied workers started']} (Redis proxy: {c['redis proxy: connections']} "
+            f"connections, {c['redis proxy: MB forwarded']} MB; PostgreSQL proxy: "
+            f"{c['postgres proxy: connections']} connections, "
+            f"{c['postgres proxy: MB forwarded']} MB)",
         ),
     ]
 

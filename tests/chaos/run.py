@@ -1,4 +1,4 @@
-"""The chaos run (issue 5): real workers, real servers, real kills; then count every email.
+"""The chaos run: real workers, real servers, real kills; then count every email.
 
     tests/chaos/run.sh --deliveries 5000 --policy both         # starts a throwaway PostgreSQL
     python -m tests.chaos.run --db sqlite --deliveries 500     # SQLite: no "refuse mark sent" step
@@ -34,8 +34,14 @@ pid. The child:
    (pg_terminate_backend) so that its "mark sent" write is refused, then
    SIGCONT it; SIGKILL a worker mid-send and restart it at once under the
    same ``--worker-id``; start a worker whose clock is 90 s behind
-   (faketime); stall or cut the SMTP answer to a message's final dot (see
-   faults/ and expectations.py for what each must lead to);
+   (faketime); stall or cut the SMTP answer to a message's final dot; lose
+   the reply to a proxied worker's claim, step or push and cut that
+   connection, refuse its connections to Redis or PostgreSQL for a few
+   seconds (network.py: some workers reach their servers through fault
+   proxies); SIGSTOP a worker whose step waits on a row lock the harness
+   holds; SIGTERM a worker while the SMTP server holds its reply past the
+   heartbeat timeout (see faults/, expectations.py and expectations_net.py
+   for what each must lead to);
 5. drains: waits (``--time-limit``) until every row is terminal, stops the
    workers and the sweeper with SIGTERM, and checks every row's receipts
    against its status and its Attempt log.
@@ -46,6 +52,9 @@ Message-ID), no rolled-back email arrives, no receipt for the wrong recipient;
 under "review" no email arrives twice; under "requeue" the extra copies are no
 more than the rows that a killed or stopped worker had in its send window, and
 each duplicated row has a sweeper "requeued"/"abandoned" Attempt per extra copy.
+Under both: no abandoned row is sent after it became abandoned, and every
+abandoned row is truly in doubt (its worker was killed, stopped or cut off
+by a network fault, or the SMTP server made its answer doubtful on purpose).
 A worker that exits on its own counts as a violation too.
 
 The table goes to stdout and to ``tests/chaos/results/latest-<policy>.txt``; worker,
@@ -165,6 +174,23 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skews", type=int, default=defaults.skews, help="workers 90 s behind")
     p.add_argument("--stalls", type=int, default=defaults.stalls, help="SMTP stalls after DATA")
     p.add_argument("--cuts", type=int, default=defaults.cuts, help="SMTP cuts after DATA")
+    p.add_argument("--lost-claims", type=int, default=defaults.lost_claims)
+    p.add_argument("--lost-steps", type=int, default=defaults.lost_steps)
+    p.add_argument("--lost-pushes", type=int, default=defaults.lost_pushes)
+    p.add_argument("--redis-outages", type=int, default=defaults.redis_outages)
+    p.add_argument("--pg-outages", type=int, default=defaults.pg_outages)
+    p.add_argument(
+        "--lock-stops", type=int, default=defaults.lock_stops, help="SIGSTOP on a row lock"
+    )
+    p.add_argument(
+        "--long-sends", type=int, default=defaults.long_sends, help="SIGTERM in a long send"
+    )
+    p.add_argument(
+        "--proxied-workers",
+        type=int,
+        default=defaults.proxied_workers,
+        help="workers behind the fault proxies",
+    )
     p.add_argument("--send-timeout", type=float, default=defaults.send_timeout, metavar="SECONDS")
     p.add_argument("--rollback-fraction", type=float, default=defaults.rollback_fraction)
     p.add_argument("--transient-fraction", type=float, default=defaults.transient_fraction)
@@ -193,6 +219,14 @@ def config_from_args(args: argparse.Namespace, policy: str) -> Config:
         skews=args.skews,
         stalls=args.stalls,
         cuts=args.cuts,
+        lost_claims=args.lost_claims,
+        lost_steps=args.lost_steps,
+        lost_pushes=args.lost_pushes,
+        redis_outages=args.redis_outages,
+        pg_outages=args.pg_outages,
+        lock_stops=args.lock_stops,
+        long_sends=args.long_sends,
+        proxied_workers=args.proxied_workers,
         send_timeout=args.send_timeout,
         rollback_fraction=args.rollback_fraction,
         transient_fraction=args.transient_fraction,

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# The chaos run (issue 5): real outbox workers and sweeper against a real SMTP
+# The chaos run: real outbox workers and sweeper against a real SMTP
 # server, redis-server and a throwaway PostgreSQL, all on loopback; workers are
 # SIGKILLed, SIGSTOPped, killed inside the send window, Redis is wiped and the
 # database refuses a "mark sent" write, workers restart under a reused id, one
 # runs with its clock 90 s behind (faketime), the SMTP server stalls or cuts
-# after DATA; then every email is counted.
+# after DATA; some workers reach their servers through fault proxies that lose
+# replies and refuse connections; a worker whose step waits on a row lock is
+# SIGSTOPped, one is SIGTERMed during a long send; then every email is counted.
 #
 #   tests/chaos/run.sh                                     both policies, 5,000 deliveries
 #   tests/chaos/run.sh --deliveries 5000 --policy both

@@ -39,11 +39,17 @@ class ServersMixin:
         )
         # A stall outlasts the workers' SEND_TIMEOUT (tests/chaos/settings.py).
         self.smtp.stall_seconds = self.config.send_timeout + 3
+        # A slow reply outlasts the heartbeat timeout, not SEND_TIMEOUT (faults/long_send.py).
+        self.smtp.slow_seconds = min(
+            self.config.heartbeat_timeout + 1.5,
+            (self.config.heartbeat_timeout + self.config.send_timeout) / 2,
+        )
         port = free_port()
         self.controller = Controller(self.smtp, hostname="127.0.0.1", port=port)
         self.controller.start()
         self.smtp_port = port
         self.say(f"SMTP server on 127.0.0.1:{port}, receipts in {self.receipts_path}")
+        self.start_proxies()
 
     def redis_client(self) -> Any:
         """The harness's own client of the run's redis-server (it reconnects after a restart)."""
@@ -118,6 +124,7 @@ class ServersMixin:
                 pass
         if self.controller is not None:
             self.controller.stop()
+        self.close_proxies()
         if self.redis_server is not None:
             self.redis_server.close()
         try:

@@ -1,7 +1,7 @@
 """The chaos run's SMTP server: records every accepted message, refuses and defers some.
 
-An aiosmtpd handler that appends ``<Message-ID> <envelope recipient>`` to a file
-for every message it accepts. A seeded set of recipients is always refused with
+An aiosmtpd handler that appends ``<Message-ID> <envelope recipient> <time>`` to a
+file for every message it accepts (``time``: when it recorded it, epoch seconds). A seeded set of recipients is always refused with
 550; a seeded fraction of "flaky" recipients is answered 451 on their first one
 or two tries (at RCPT or at DATA).
 
@@ -10,7 +10,11 @@ that would be accepted is, after DATA's final dot, either never answered (the
 server waits ``stall_seconds``, longer than the workers' SEND_TIMEOUT, then
 drops the connection; it records the message first or not, as armed) or
 recorded and then cut off without a reply. Each one played is appended to
-``played`` (kind, Message-ID, recipient, whether it was recorded).
+``played`` (kind, Message-ID, recipient, whether it was recorded). The fault
+``long-send`` arms a ``slow`` one: its reply is held ``slow_seconds`` (longer than
+the workers' HEARTBEAT_TIMEOUT, shorter than their SEND_TIMEOUT), then it is
+recorded and accepted. ``defer_once`` answers a recipient's next RCPT with 451
+(the fault ``lost-push`` needs a worker to push a retry).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import re
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -52,11 +57,13 @@ class ChaosSMTPHandler:
         self.tries: Counter[str] = Counter()
         self.answers: Counter[str] = Counter()
         self.stall_seconds = 6.0
+        self.slow_seconds = 4.5
+        self.defer_once: set[str] = set()
         self.armed: dict[str, tuple[str, bool]] = {}  # recipient -> (kind, record it)
         self.played: list[dict[str, Any]] = []
 
     def arm(self, recipient: str, kind: str, record: bool) -> None:
-        """Stall ("stall") or cut ("cut") the next accepted message to ``recipient``."""
+        """Stall ("stall"), cut ("cut") or slow ("slow") the next accepted message to ``recipient``."""
         self.armed[recipient] = (kind, record)
 
     def was_played(self, recipient: str) -> dict[str, Any] | None:
@@ -79,6 +86,10 @@ class ChaosSMTPHandler:
             return f"550 5.1.1 <{address}>: no such user (chaos)"
         attempt = self.tries[address]
         self.tries[address] += 1
+        if address in self.defer_once:
+            self.defer_once.discard(address)
+            self.answers["451 at RCPT"] += 1
+            return "451 4.3.0 try again later (chaos, armed)"
         where = self._deferral(address, attempt)
         if where == "rcpt":
             self.answers["451 at RCPT"] += 1
@@ -104,27 +115,34 @@ class ChaosSMTPHandler:
             armed = self.armed.pop(rcpt, None)
             if armed is not None:
                 return await self._play(server, envelope, message_id, rcpt, *armed)
-        for rcpt in envelope.rcpt_tos:
-            self.file.write(f"{message_id} {rcpt}\n")
+        self._record(envelope, message_id)
         self.answers["250 accepted"] += 1
         return "250 2.0.0 accepted (chaos)"
 
     async def _play(
         self, server: Any, envelope: Any, message_id: str, rcpt: str, kind: str, record: bool
     ) -> str:
-        """No answer to the final dot: a stall past SEND_TIMEOUT, or a cut."""
-        if record:
-            for address in envelope.rcpt_tos:
-                self.file.write(f"{message_id} {address}\n")
+        """No answer to the final dot: a stall past SEND_TIMEOUT, or a cut; or a slow one."""
         self.played.append(
             {"kind": kind, "message_id": message_id, "recipient": rcpt, "recorded": record}
         )
         self.answers[f"{kind} after DATA"] += 1
+        if kind == "slow":
+            await asyncio.sleep(self.slow_seconds)
+            self._record(envelope, message_id)
+            self.answers["250 accepted"] += 1
+            return "250 2.0.0 accepted, slowly (chaos)"
+        if record:
+            self._record(envelope, message_id)
         if kind == "stall":
             await asyncio.sleep(self.stall_seconds)
         # Drop the connection without a reply; what is returned is never read.
         server.transport.abort()
         return "421 4.3.0 closing (chaos)"
+
+    def _record(self, envelope: Any, message_id: str) -> None:
+        for address in envelope.rcpt_tos:
+            self.file.write(f"{message_id} {address} {time.time():.6f}\n")
 
     def close(self) -> None:
         self.file.close()

@@ -27,5 +27,5 @@ def random_kill(child: Child) -> None:
     victim.proc.wait(timeout=30)
     child.disturbed[victim.pid] = "SIGKILL"
     child.counts["random SIGKILL"] += 1
-    new = child.start_worker(victim.concurrency)
+    new = child.start_worker(victim.concurrency, proxied=victim.proxied)
     child.event(f"SIGKILL {victim.name} (pid {victim.pid}); started {new.name} (pid {new.pid})")

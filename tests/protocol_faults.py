@@ -1,0 +1,174 @@
+"""Fault injection for the protocol model (``tests/test_protocol_model.py``).
+
+Every call is a real call to the real Redis or the real database; a fault only
+changes what the calling thread learns of it. At each *site* (one collaborator
+of ``SenderLoop``) a fault fires once, at the site's next call after it was
+armed, in one of these modes:
+
+``before``  the call never happened, and the thread gets the error
+            (``redis.ConnectionError`` or ``django.db.OperationalError``);
+``lose``    the call happened (committed, ran in Redis), then the reply was
+            lost: the thread gets the same error;
+``freeze``  (the step only) the step committed, then the thread froze past
+            the heartbeat timeout: the model's ``freeze`` callback runs (the
+            sweeper acts meanwhile), then the thread gets the step's reply.
+
+The sites, and where the loop meets them:
+
+``claim``      ``worker.queue.claim`` (``claim.lua``)
+``push``       ``worker.queue.push`` (``Worker.push_quietly``: retries, set-backs)
+``release``    ``worker.queue.release`` (``SenderLoop._give_back``)
+``heartbeat``  ``worker.queue.heartbeat`` (``Worker.beat``)
+``step``       ``SenderLoop._settle_and_mark`` (the step's one commit)
+``readback``   ``claimed.started_from`` (reading the claimed row back)
+``settle``     the write ``persist()`` retries in ``SenderLoop._settle_alone``
+``unclaim``    ``sql.unclaim`` (the gate's give-back, ``_unclaim_pending``)
+
+The queue and loop sites are patched on the objects the model created; the
+module-level ones (``readback``, ``settle``, ``unclaim``) fire only while
+:func:`active` names the worker being driven, so the sweeper and burst
+workers never meet a fault.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import redis
+from django.db import OperationalError
+
+from outbox.worker import loop as loop_module
+from outbox.worker import sql as sql_module
+from outbox.worker.backoff import Backoff
+
+MODES = {
+    "claim": ("before", "lose"),
+    "push": ("before", "lose"),
+    "release": ("before", "lose"),
+    "heartbeat": ("before", "lose"),
+    "step": ("before", "lose", "freeze", "freeze+beat"),
+    "readback": ("before",),
+    "settle": ("before", "lose"),
+    "unclaim": ("before", "lose"),
+}
+FAULTS = tuple(f"{site}:{mode}" for site, modes in MODES.items() for mode in modes)
+REDIS_SITES = ("claim", "push", "release", "heartbeat")
+
+FIRED: Counter[str] = Counter()  # per "site:mode", over a whole test run
+
+
+class Faults:
+    """The armed faults of one simulated worker process; each fires once."""
+
+    def __init__(self) -> None:
+        self.armed: dict[str, str] = {}
+        # Called with the site, the mode and the real call's result (None if it never ran).
+        self.on_fire: Callable[[str, str, Any], None] = lambda site, mode, result: None
+        # Called while frozen mid-step, with the mode ("freeze" or "freeze+beat").
+        self.on_freeze: Callable[[str], None] = lambda mode: None
+
+    def arm(self, faults: list[str]) -> None:
+        for fault in faults:
+            site, _, mode = fault.partition(":")
+            self.armed[site] = mode
+
+    def disarm(self) -> None:
+        self.armed.clear()
+
+    def call(self, site: str, real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        mode = self.armed.pop(site, None)
+        if mode is None:
+            return real(*args, **kwargs)
+        FIRED[f"{site}:{mode}"] += 1
+        error: type[Exception] = redis.ConnectionError if site in REDIS_SITES else OperationalError
+        if mode == "before":
+            self.on_fire(site, mode, None)
+            raise error(f"model: {site} failed before it ran")
+        result = real(*args, **kwargs)
+        self.on_fire(site, mode, result)
+        if mode == "lose":
+            raise error(f"model: {site} ran, its reply was lost")
+        self.on_freeze(mode)
+        return result
+
+    def wrap(self, site: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            return self.call(site, real, *args, **kwargs)
+
+        return wrapped
+
+
+class NoWait(Backoff):
+    """The loop's backoff, minus the wait: the model's next step is the retry."""
+
+    def wait(self, what: str, exc: BaseException | None) -> None:
+        self.delay = min(max(self.delay * 2, 0.2), 5.0)
+
+
+def install_on_worker(faults: Faults, queue: Any) -> None:
+    """Wrap the Redis calls of one worker's own ``RedisQueue``."""
+    for site in REDIS_SITES:
+        setattr(queue, site, faults.wrap(site, getattr(queue, site)))
+
+
+def install_on_loop(faults: Faults, loop: Any) -> None:
+    loop._settle_and_mark = faults.wrap("step", loop._settle_and_mark)
+    loop.pause = NoWait(loop.worker)
+
+
+_active: Faults | None = None
+
+
+@contextlib.contextmanager
+def active(faults: Faults | None) -> Iterator[None]:
+    """Module-level sites fire for ``faults`` only inside this block."""
+    global _active
+    before, _active = _active, faults
+    try:
+        yield
+    finally:
+        _active = before
+
+
+@contextlib.contextmanager
+def module_sites() -> Iterator[None]:
+    """Patch the module-level sites for the duration of a test."""
+    real_started_from = loop_module.started_from
+    real_persist = loop_module.persist
+    real_unclaim = getattr(sql_module, "unclaim", None)  # absent before the give-back fix
+
+    def started_from(*args: Any, **kwargs: Any) -> Any:
+        if _active is None:
+            return real_started_from(*args, **kwargs)
+        return _active.call("readback", real_started_from, *args, **kwargs)
+
+    def persist(write: Callable[[], int], *args: Any, **kwargs: Any) -> Any:
+        faults = _active
+        if faults is not None and "settle" in faults.armed:
+            # The first write fails (or commits and its reply is lost), then
+            # persist() retries it, as it would after its own pause.
+            with contextlib.suppress(OperationalError):
+                faults.call("settle", write)
+            loop_module.drop_db_connection()
+        return real_persist(write, *args, **kwargs)
+
+    def unclaim(*args: Any, **kwargs: Any) -> Any:
+        assert real_unclaim is not None
+        if _active is None:
+            return real_unclaim(*args, **kwargs)
+        return _active.call("unclaim", real_unclaim, *args, **kwargs)
+
+    loop_module.started_from = started_from  # type: ignore[assignment]
+    loop_module.persist = persist  # type: ignore[assignment]
+    if real_unclaim is not None:
+        sql_module.unclaim = unclaim  # type: ignore[attr-defined]
+    try:
+        yield
+    finally:
+        loop_module.started_from = real_started_from  # type: ignore[assignment]
+        loop_module.persist = real_persist  # type: ignore[assignment]
+        if real_unclaim is not None:
+            sql_module.unclaim = real_unclaim  # type: ignore[attr-defined]
