@@ -174,6 +174,19 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--skews", type=int, default=defaults.skews, help="workers 90 s behind")
     p.add_argument("--stalls", type=int, default=defaults.stalls, help="SMTP stalls after DATA")
     p.add_argument("--cuts", type=int, default=defaults.cuts, help="SMTP cuts after DATA")
+    add_network_args(p, defaults)
+    p.add_argument("--send-timeout", type=float, default=defaults.send_timeout, metavar="SECONDS")
+    p.add_argument("--rollback-fraction", type=float, default=defaults.rollback_fraction)
+    p.add_argument("--transient-fraction", type=float, default=defaults.transient_fraction)
+    p.add_argument("--permanent-fraction", type=float, default=defaults.permanent_fraction)
+    p.add_argument("--smtp-delay", type=float, default=defaults.smtp_delay, metavar="SECONDS")
+    p.add_argument("--results-dir", default=str(RESULTS_DIR))
+    p.add_argument("--keep-db", action="store_true", help="keep the databases after a pass too")
+    return p.parse_args(argv)
+
+
+def add_network_args(p: argparse.ArgumentParser, defaults: Config) -> None:
+    """The counts of the network and signal faults (faults/lost_reply.py, outage.py, ...)."""
     p.add_argument("--lost-claims", type=int, default=defaults.lost_claims)
     p.add_argument("--lost-steps", type=int, default=defaults.lost_steps)
     p.add_argument("--lost-pushes", type=int, default=defaults.lost_pushes)
@@ -191,14 +204,6 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         default=defaults.proxied_workers,
         help="workers behind the fault proxies",
     )
-    p.add_argument("--send-timeout", type=float, default=defaults.send_timeout, metavar="SECONDS")
-    p.add_argument("--rollback-fraction", type=float, default=defaults.rollback_fraction)
-    p.add_argument("--transient-fraction", type=float, default=defaults.transient_fraction)
-    p.add_argument("--permanent-fraction", type=float, default=defaults.permanent_fraction)
-    p.add_argument("--smtp-delay", type=float, default=defaults.smtp_delay, metavar="SECONDS")
-    p.add_argument("--results-dir", default=str(RESULTS_DIR))
-    p.add_argument("--keep-db", action="store_true", help="keep the databases after a pass too")
-    return p.parse_args(argv)
 
 
 def config_from_args(args: argparse.Namespace, policy: str) -> Config:
