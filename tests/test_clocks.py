@@ -97,9 +97,14 @@ def test_enqueue_writes_the_databases_now_as_not_before(settings, functions, que
             ]
         )
         later = enqueue_email("s", "b", None, ["f@example.com"], send_at=send_at)
-    assert not_before([*one, *two, *many]) == {db_now}
+        # The ORM path: an idempotency key, or attachments.
+        keyed = enqueue_email("s", "b", None, ["g@example.com"], idempotency_key="order-1")
+        attached = enqueue_email(
+            "s", "b", None, ["h@example.com"], attachments=[("a.txt", b"x", "text/plain")]
+        )
+    assert not_before([*one, *two, *many, *keyed, *attached]) == {db_now}
     assert not_before([*later, *later_many]) == {send_at}  # the caller's own time, as given
-    due = {d.pk for d in [*one, *two, *many]}
+    due = {d.pk for d in [*one, *two, *many, *keyed, *attached]}
     assert due <= queue.waiting_ids()
 
 

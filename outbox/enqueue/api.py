@@ -234,6 +234,11 @@ def write_one(p: Prepared) -> list[Delivery]:
     # path above it is part of the INSERT statement).
     stopped = suppressed(using, [bare_address(r) for r in p.recipients])
     with transaction.atomic(using=using):
+        if connections[using].vendor == "postgresql":
+            # Rows due now are due by the database's clock, which the worker's
+            # claim reads, not by this host's (the statement path does the same).
+            now = _transaction_now(using)
+            not_before = p.send_at or now
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
             existing = _existing(using, p.idempotency_key, p.recipients)
@@ -284,6 +289,12 @@ def write_one(p: Prepared) -> list[Delivery]:
     if p.idempotency_key is None:
         return created
     return [existing[r] for r in p.recipients]
+
+
+def _transaction_now(using: str) -> datetime:
+    with connections[using].cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
 
 
 def _write_postgresql(
