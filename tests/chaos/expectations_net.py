@@ -122,7 +122,13 @@ def check_lock_rows(child: Child, ev: Evidence, c: Counter[str], problems: Probl
         message_id, _rcpt, status, _attempts = ev.by_pk[pk]
         n = ev.copies.get(message_id, 0)
         acts = {outcome for outcome, _worker in ev.sweeper_acts.get(pk, [])}
-        if review:
+        if not acts:
+            # The sweeper never acted on the row: it had not declared the frozen
+            # worker dead yet (a Redis wipe can make it look gone), or the step
+            # had not committed when it did. The worker's lease decided: the row
+            # went out once, or was released and sent once by someone else.
+            ok = (status, n) in (("sent", 1), ("failed", 0))
+        elif review:
             ok = status == "abandoned" and "abandoned" in acts and n == 0
         else:
             ok = bool(acts & {"requeued", "failed"}) and status in ("sent", "failed") and n <= 1

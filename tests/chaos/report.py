@@ -124,7 +124,11 @@ def net_fault_rows(c: Counter[str], review: bool) -> list[tuple[str, Any]]:
         (
             "SIGSTOP while its step waits on a row lock",
             f"{c['SIGSTOP blocked on a row lock']} ("
-            + ("abandoned, never sent" if review else "requeued, sent once at most")
+            + (
+                "abandoned and never sent, or released and sent once"
+                if review
+                else "requeued or released, sent once at most"
+            )
             + f": {lock_ok} of {c['lock rows']} rows)",
         ),
         (
