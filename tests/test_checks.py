@@ -9,7 +9,6 @@ from pathlib import Path
 
 import django
 import pytest
-from django.core.checks import run_checks
 
 from outbox.backends import OutboxBackend
 from outbox.checks.mailers import check_silent_delivery
@@ -325,7 +324,7 @@ def test_w011_not_for_the_outbox_backend_itself(settings):
 
 
 def deploy_ids() -> list[str]:
-    return [m.id for m in run_checks(include_deployment_checks=True) if m.id.startswith("outbox")]
+    return [m.id for m in outbox_checks(deploy=True)]
 
 
 @pytest.fixture
@@ -343,7 +342,7 @@ def test_e021_a_redis_that_may_evict_any_key(maxmemory_policy, policy):
     assert deploy_ids() == ["outbox.E021"]
     [error] = check_redis_eviction()
     assert policy in error.msg and "noeviction" in error.hint
-    assert "outbox.E021" not in [m.id for m in run_checks()]  # deploy checks only
+    assert "outbox.E021" not in [m.id for m in outbox_checks()]  # deploy checks only
 
 
 @pytest.mark.parametrize("policy", ["noeviction", "volatile-lru", "volatile-ttl"])
