@@ -2,22 +2,18 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning
 
 from ..conf import DEFAULTS
-from .settings import outbox_dict
+from .settings import outbox_check
 
 
-@register()
-def check_content(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+@outbox_check()
+def check_content(raw: dict[str, Any]) -> list[CheckMessage]:
     """E020, W009: ``SUPPRESS_ON_REFUSAL``, a DjangoTemplates engine for templates."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return _check_content(raw)
 
 

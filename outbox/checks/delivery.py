@@ -2,25 +2,19 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
 from ..mail.targets import delivery_backend_path, queues_mail, uses_mailers
-from .settings import outbox_dict
+from .settings import outbox_check
 
 
-@register()
-def check_delivery_target(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_delivery_target(raw: dict[str, Any]) -> list[CheckMessage]:
     """E007, E008, W002, W003: where the worker delivers mail without a mailer."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return _check_delivery_target()
 
 

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning
 from django.utils.module_loading import import_string
 
 from ..conf import DEFAULTS
@@ -14,15 +13,12 @@ from ..mail.mailers import delivery_mailers, is_delivery_mailer, parse_entry
 from ..mail.targets import queues_mail, uses_mailers
 from ..models import MAILER_MAX_LENGTH
 from ..queue.ratelimit import MAILER_PREFIX, parse_limit
-from .settings import outbox_dict
+from .settings import outbox_check
 
 
-@register()
-def check_mailers(app_configs: Sequence[Any] | None = None, **kwargs: Any) -> list[CheckMessage]:
+@outbox_check()
+def check_mailers(raw: dict[str, Any]) -> list[CheckMessage]:
     """E012-E014: the mailers an email may name, and the limits keyed by them."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     errors: list[CheckMessage] = []
     backends = raw.get("BACKENDS", DEFAULTS["BACKENDS"])
     if not isinstance(backends, dict):
@@ -100,13 +96,9 @@ def _mailer_limit_errors(raw: dict[str, Any]) -> list[CheckMessage]:
     return errors
 
 
-@register()
-def check_silent_delivery(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_silent_delivery(raw: dict[str, Any]) -> list[CheckMessage]:
     """W011: a delivery backend configured with ``fail_silently``, which the worker ignores."""
-    if outbox_dict() is None:
-        return []
     raw = getattr(settings, "OUTBOX", {})
     if not isinstance(raw, dict):
         return []  # outbox.E001

@@ -17,11 +17,11 @@ import ipaddress
 import os
 import socket
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Warning, register
+from django.core.checks import CheckMessage, Error, Warning
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 from django.utils.module_loading import import_string
 
@@ -29,20 +29,15 @@ from ..conf import DEFAULTS, outbox_settings
 from ..mail.mailers import backend_path, is_delivery_mailer, names, parse_entry
 from ..mail.targets import delivery_backend_path, uses_mailers
 from ..reconcilers import PostfixLogReconciler, Reconciler
-from .settings import outbox_dict
+from .settings import outbox_check
 
 POSTFIX_RECONCILER = "outbox.reconcilers.PostfixLogReconciler"
 LOCAL_NAMES = frozenset({"", "localhost", "localhost.localdomain", "ip6-localhost"})
 
 
-@register()
-def check_reconcilers(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_reconcilers(raw: dict[str, Any]) -> list[CheckMessage]:
     """E015 - E017, W007: the reconcilers listed, their numbers, the Postfix log."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     errors = _check_reconciler_paths(raw.get("RECONCILERS", DEFAULTS["RECONCILERS"]))
     errors += _check_reconcile_numbers()
     paths = raw.get("RECONCILERS") or []
@@ -122,13 +117,9 @@ def _check_postfix_log() -> list[CheckMessage]:
     ]
 
 
-@register()
-def check_log_reconciler_targets(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_log_reconciler_targets(raw: dict[str, Any]) -> list[CheckMessage]:
     """W010: a log reconciler is configured, but the worker delivers by SMTP to another host."""
-    if outbox_dict() is None:
-        return []
     readers = _log_reconcilers()
     if not readers:
         return []

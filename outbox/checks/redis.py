@@ -2,18 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags, register
+from django.core.checks import CheckMessage, Error, Tags
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import outbox_settings
 from ..queue.reliable import get_connection
 from ..redis_cluster import startup_nodes
-from .settings import outbox_dict
+from .settings import outbox_check
 
 CLUSTER_CLIENT = "outbox.redis_cluster.ClusterClient"
 SENTINEL_CLIENT = "django_redis.client.SentinelClient"
@@ -21,14 +20,9 @@ SENTINEL_CLIENT = "django_redis.client.SentinelClient"
 CLUSTER_MIN_REDIS_PY = (6, 1)
 
 
-@register()
-def check_redis_cache(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_redis_cache(raw: dict[str, Any]) -> list[CheckMessage]:
     """E002, E003: ``REDIS_CACHE`` names a django-redis cache."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return _check_redis_cache()
 
 
@@ -56,14 +50,9 @@ def _check_redis_cache() -> list[CheckMessage]:
     ]
 
 
-@register()
-def check_redis_topology(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_redis_topology(raw: dict[str, Any]) -> list[CheckMessage]:
     """E018, E019: a Cluster or Sentinel cache that cannot work as configured."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return _check_redis_topology()
 
 
@@ -134,13 +123,9 @@ def _check_sentinel(options: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
-@register(Tags.caches, deploy=True)
-def check_redis_eviction(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check(Tags.caches, deploy=True)
+def check_redis_eviction(raw: dict[str, Any]) -> list[CheckMessage]:
     """E021: an evicting Redis breaks the protocol. Deploy only: it asks the server."""
-    if outbox_dict() is None:
-        return []
     return _check_redis_eviction()
 
 

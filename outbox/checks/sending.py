@@ -3,24 +3,18 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from typing import Any
 
-from django.core.checks import CheckMessage, Error, register
+from django.core.checks import CheckMessage, Error
 
 from ..conf import DEFAULTS
 from ..queue.ratelimit import parse_limit
-from .settings import outbox_dict
+from .settings import outbox_check
 
 
-@register()
-def check_sending_control(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_sending_control(raw: dict[str, Any]) -> list[CheckMessage]:
     """E010, E011: ``RATE_LIMITS``, ``THROTTLE_PENALTY``, ``PAUSED_DOMAIN_RECHECK``."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return _check_sending_control(raw)
 
 

@@ -7,7 +7,7 @@ not a dict, only ``outbox.E001`` is reported.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +20,33 @@ def outbox_dict() -> dict[str, Any] | None:
     """``settings.OUTBOX`` when it is a dict (the other checks need one), else None."""
     raw = getattr(settings, "OUTBOX", {})
     return raw if isinstance(raw, dict) else None
+
+
+def outbox_check(
+    *tags: str, deploy: bool = False
+) -> Callable[[Callable[[dict[str, Any]], list[CheckMessage]]], Callable[..., list[CheckMessage]]]:
+    """Register ``check(raw)`` as a system check of its own, run only when ``OUTBOX`` is a dict.
+
+    ``raw`` is ``settings.OUTBOX`` as written (defaults not applied). When it
+    is not a dict, only ``outbox.E001`` speaks.
+    """
+
+    def decorate(
+        check: Callable[[dict[str, Any]], list[CheckMessage]],
+    ) -> Callable[..., list[CheckMessage]]:
+        def registered(
+            app_configs: Sequence[Any] | None = None, **kwargs: Any
+        ) -> list[CheckMessage]:
+            raw = outbox_dict()
+            return [] if raw is None else check(raw)
+
+        # Named as the check, but not functools.wraps(): Django inspects the
+        # signature, and would follow __wrapped__ to one without **kwargs.
+        for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+            setattr(registered, name, getattr(check, name))
+        return register(*tags, deploy=deploy)(registered)
+
+    return decorate
 
 
 @register()
@@ -52,14 +79,9 @@ def _check_unknown_keys(raw: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
-@register()
-def check_policy_and_numbers(
-    app_configs: Sequence[Any] | None = None, **kwargs: Any
-) -> list[CheckMessage]:
+@outbox_check()
+def check_policy_and_numbers(raw: dict[str, Any]) -> list[CheckMessage]:
     """E004, E005, E006, E009: the policy, the numbers, the key prefix."""
-    raw = outbox_dict()
-    if raw is None:
-        return []
     return (
         _check_abandoned_policy()
         + _check_numbers()
