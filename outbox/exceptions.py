@@ -77,3 +77,12 @@ class AmbiguousDeliveryError(DeliveryError):
         # which is what the app did for these errors before they had a type.
         super().__init__(message, permanent=False)
         self.message_id = message_id
+
+
+class SendFencedError(OutboxError):
+    """A send stopped before the message was handed over: the sender's lease ran out.
+
+    Raised by the SMTP hand-over watcher when its fence says no right before
+    the final ``.`` (the connection is closed without it, so the server
+    discards the message). Nothing was delivered; the worker releases the row.
+    """

@@ -257,6 +257,60 @@ def test_a_worker_frozen_while_its_step_waits_on_a_row_lock_does_not_send(
     assert "no live lease before sending" in out or "declared dead" in out
 
 
+def smtp_backend(settings, port: int):
+    """Django's SMTP backend to ``port``, configured as a project would (any Django version)."""
+    from tests.test_send_timeout import use_smtp
+
+    use_smtp(settings, port)
+    return get_delivery_connection()
+
+
+@pytest.mark.parametrize("may", [True, False])
+def test_the_fence_is_asked_before_smtps_final_dot(may, settings, smtp_server):
+    """Without the dot the server never takes the message: a 'no' there hands nothing over."""
+    from django.core.mail import EmailMessage
+
+    from outbox.exceptions import SendFencedError
+    from outbox.mail.handover import watch_handover
+
+    asked: list[int] = []
+    backend = smtp_backend(settings, smtp_server.port)
+    backend.open()
+    watch_handover(backend, fence=lambda: asked.append(smtp_server.count()) or may)
+    message = EmailMessage("s", "body\n" * 1000, "shop@example.com", ["a@example.com"])
+    if may:
+        assert backend.send_messages([message]) == 1
+        wait_until(lambda: smtp_server.count() == 1, 5)
+    else:
+        with pytest.raises(SendFencedError):
+            backend.send_messages([message])
+        backend.close()
+        # The server saw the body but no end to it; a new connection works.
+        again = get_delivery_connection()
+        assert again.send_messages([EmailMessage("t", "b", "shop@example.com", ["b@x.org"])]) == 1
+        wait_until(lambda: smtp_server.count() == 1, 5)
+        assert [r.rcpt_tos for r in smtp_server.received] == [["b@x.org"]]
+    assert asked == [0]  # asked once, with the body written and nothing accepted yet
+
+
+def test_a_lease_that_runs_out_mid_send_releases_the_row(settings, smtp_server, outbox_mail):
+    """Frozen after the check before the send, declared dead meanwhile: the dot is never sent."""
+    enqueue_email("s", "b", None, ["a@example.com"])
+    worker = Worker(burst=True)
+    worker.queue.register(worker.worker_id)
+    loop = SenderLoop(worker, 0, smtp_backend(settings, smtp_server.port))
+    assert loop._claim()
+    started = loop._mark(loop.pending.popleft())
+    assert started is not None
+    link = loop.connections.get("")
+    link.ensure_open()
+    answers = iter([100.0, -1.0])  # alive at the check before the send, gone at the dot
+    worker.lease_left = lambda: next(answers)  # type: ignore[method-assign]
+    settlement = loop._send(started, link.backend)
+    assert settlement.outcome == "released"
+    assert smtp_server.count() == 0
+
+
 def lock_waiters() -> int:
     with connection.cursor() as cursor:
         # Inside a transaction the view is a snapshot taken at first use.

@@ -31,7 +31,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 
 from ..conf import outbox_settings
-from ..exceptions import AmbiguousDeliveryError
+from ..exceptions import AmbiguousDeliveryError, SendFencedError
 
 # What smtplib.SMTP.data() writes last: the body ends in CRLF, then "." CRLF.
 _END_OF_DATA = b"\r\n.\r\n"
@@ -47,10 +47,19 @@ class _Handover:
 
     in_data: bool = False
     handed_over: bool = False
+    # Asked right before the final dot; False: do not hand the message over.
+    fence: Callable[[], bool] | None = None
 
 
-def watch_handover(backend: BaseEmailBackend) -> None:
+def watch_handover(backend: BaseEmailBackend, fence: Callable[[], bool] | None = None) -> None:
     """Make a failure after SMTP's final ``.`` raise :class:`AmbiguousDeliveryError`.
+
+    With a ``fence``, the body is written first and the fence is asked right
+    before the final ``.``: if it says no, the connection is closed without
+    it (the server discards an unfinished DATA) and
+    :class:`~outbox.exceptions.SendFencedError` is raised. The worker's fence
+    is its heartbeat lease: a worker frozen mid-send (SIGSTOP, a stalled VM)
+    and declared dead meanwhile must not hand over a row the sweeper flagged.
 
     The worker calls this right after every successful ``backend.open()``.
     When ``backend.connection`` is an :class:`smtplib.SMTP` (Django's stock
@@ -82,26 +91,38 @@ def watch_handover(backend: BaseEmailBackend) -> None:
     if budget is not None:
         bound_connection(connection, budget)
     state = _Handover()
+    state.fence = fence
     # Instance attributes shadow the class's methods for this connection only;
     # smtplib calls them as self.send / self.data.
-    setattr(connection, "send", _watching_send(connection.send, state))  # noqa: B010
+    setattr(connection, "send", _watching_send(connection, connection.send, state))  # noqa: B010
     setattr(connection, "data", _watching_data(connection.data, state))  # noqa: B010
     setattr(connection, _WATCHED, state)
 
 
-def _watching_send(original_send: _Send, state: _Handover) -> _Send:
+def _watching_send(connection: smtplib.SMTP, original_send: _Send, state: _Handover) -> _Send:
     """``send`` that notes in ``state`` when the end of the message was written."""
 
     def send(s: bytes | str) -> None:
+        ends = state.in_data and _tail(s) == _END_OF_DATA
+        if ends and state.fence is not None:
+            # smtplib writes the body and the final ".\r\n" in one call: split
+            # them, so that the fence is asked as late as it can be.
+            original_send(s[:-3])
+            if not state.fence():
+                connection.close()
+                raise SendFencedError("the lease ran out before the final dot; not handed over")
+            s = s[-3:]
         original_send(s)
         # Only once send() returned did the kernel take every byte: a write
         # that failed part-way cannot have delivered the final dot.
-        if state.in_data:
-            tail = s[-5:].encode("ascii", "replace") if isinstance(s, str) else bytes(s[-5:])
-            if tail == _END_OF_DATA:
-                state.handed_over = True
+        if ends:
+            state.handed_over = True
 
     return send
+
+
+def _tail(s: bytes | str) -> bytes:
+    return s[-5:].encode("ascii", "replace") if isinstance(s, str) else bytes(s[-5:])
 
 
 def _watching_data(original_data: _Data, state: _Handover) -> _Data:

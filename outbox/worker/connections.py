@@ -21,6 +21,8 @@ included, follows the same rules:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.core.mail.backends.base import BaseEmailBackend
 
 from ..mail.handover import watch_handover
@@ -31,17 +33,18 @@ from .backoff import close_quietly
 class Connection:
     """One delivery backend of a sender thread, and whether it is open."""
 
-    __slots__ = ("backend", "is_open")
+    __slots__ = ("backend", "fence", "is_open")
 
-    def __init__(self, backend: BaseEmailBackend) -> None:
+    def __init__(self, backend: BaseEmailBackend, fence: Callable[[], bool] | None = None) -> None:
         self.backend = backend
+        self.fence = fence  # asked before SMTP's final dot (outbox.mail.handover)
         self.is_open = False
 
     def ensure_open(self) -> None:
         """Open it if it is not; raises what ``backend.open()`` raises (nothing was sent)."""
         if not self.is_open:
             self.backend.open()
-            watch_handover(self.backend)
+            watch_handover(self.backend, self.fence)
             self.is_open = True
 
     def close(self) -> None:
@@ -54,8 +57,9 @@ class Connection:
 class Connections:
     """The default connection (given) and the mailers' (created on first use)."""
 
-    def __init__(self, default: BaseEmailBackend) -> None:
-        self.default = Connection(default)
+    def __init__(self, default: BaseEmailBackend, fence: Callable[[], bool] | None = None) -> None:
+        self.fence = fence
+        self.default = Connection(default, fence)
         self.mailers: dict[str, Connection] = {}
 
     def get(self, mailer: str) -> Connection:
@@ -64,7 +68,7 @@ class Connections:
             return self.default
         found = self.mailers.get(mailer)
         if found is None:
-            found = self.mailers[mailer] = Connection(get_connection(mailer))
+            found = self.mailers[mailer] = Connection(get_connection(mailer), self.fence)
         return found
 
     def close_open(self) -> None:

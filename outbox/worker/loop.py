@@ -21,7 +21,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
-from ..exceptions import DeliveryError
+from ..exceptions import DeliveryError, SendFencedError
 from ..mail.message import build_message
 from ..models import Attempt, Delivery
 from ..queue.reliable import Claimed, QueueEntry
@@ -48,7 +48,7 @@ class SenderLoop:
         self.worker = worker
         self.index = index
         # The default connection (``backend``) and, created on first use, one per mailer.
-        self.connections = Connections(backend)
+        self.connections = Connections(backend, fence=self._may_hand_over)
         self.pending: deque[Claimed] = deque()  # claimed from Redis, not yet looked at
         self.acks: list[int] = []  # finished since the last claim (forgotten by the next)
         self.tokens: dict[int, uuid.UUID] = {}  # to reuse when a step must be retried
@@ -60,6 +60,7 @@ class SenderLoop:
         self.nonce: str | None = None  # the claim to repeat after a lost reply
         self.generation = worker.generation
         self.pause = Backoff(worker)
+        self.sending_generation = worker.generation  # of the row being sent
         self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
 
     def run(self) -> None:
@@ -93,12 +94,11 @@ class SenderLoop:
             self.connections.close_mailers()
 
     def _wait_for_the_lease(self) -> None:
-        """No heartbeat has renewed the lease lately (Redis away, or we were frozen).
+        """No heartbeat renewed the lease lately (Redis away, or we were frozen).
 
-        A send would be refused, so claiming or marking now would only churn
-        rows through ``released``, and leave one ``processing`` for the sweeper
-        to flag when it declares us dead. Write the outcome in hand and wait
-        for a heartbeat instead; the ids in hand stay claimed.
+        A send would be refused: claiming or marking now would only churn rows
+        through ``released`` and leave one ``processing`` for the sweeper to
+        flag. Write the outcome in hand and wait; the ids in hand stay claimed.
         """
         self._settle_alone()
         self.pause.wait("the heartbeat lease", None)
@@ -240,12 +240,9 @@ class SenderLoop:
     ) -> tuple[int, sql.ClaimedRow | None]:
         """Step 4 of the previous message and step 2 of the next, in one transaction.
 
-        The common case (no outcome, or a success) goes through the worker's
-        group commit (``group_commit.py``): written with the steps of the
-        other threads that wait at the same moment, in one statement on
-        PostgreSQL, one transaction on SQLite. Any other outcome takes
-        Django's atomic(). Raises DatabaseError when the database is away;
-        the caller retries with the same outcome and token.
+        No outcome or a success goes through the group commit (``group_commit``);
+        any other outcome through Django's atomic(). Raises DatabaseError when
+        the database is away: the caller retries with the same outcome and token.
         """
         s = self.settlement
         now = self.worker.clock.now()
@@ -294,9 +291,13 @@ class SenderLoop:
             self.gate.on_send_error(started, exc, connecting=True)
             return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started, link.backend)
-        if settlement.outcome not in (Outcome.SENT, Outcome.RELEASED):
+        if settlement.outcome != Outcome.SENT:
             link.close()
         return settlement
+
+    def _may_hand_over(self) -> bool:
+        """The fence asked right before SMTP's final dot: the same as before the send."""
+        return self.sending_generation == self.worker.generation and self.worker.lease_left() > 0
 
     def _send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
         if started.generation != self.worker.generation or self.worker.lease_left() <= 0:
@@ -307,10 +308,14 @@ class SenderLoop:
                 "delivery %s: no live lease before sending; releasing it", started.delivery.pk
             )
             return Settlement(started, Outcome.RELEASED, "lease expired before sending")
+        self.sending_generation = started.generation
         try:
             message = build_message(started.delivery, started.email, started.attachments)
             if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
+        except SendFencedError as exc:
+            logger.warning("delivery %s: %s; releasing it", started.delivery.pk, exc)
+            return Settlement(started, Outcome.RELEASED, str(exc))
         except Exception as exc:
             self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
@@ -348,11 +353,9 @@ class SenderLoop:
     def _give_back(self) -> None:
         """Return claimed-but-unstarted ids to the ready lists (pause, shutdown, quota).
 
-        If Redis refuses, they may stay in the processing list, where the
-        mirror check or the sweeper finds them (deregistering never deletes
-        them). An outcome that could not be written is not acknowledged, so
-        its id stays there too, and so does a row whose claim could not be
-        undone (see :meth:`_unclaim_pending`).
+        What Redis or the database refuses stays in the processing list, for
+        the mirror check or the sweeper (deregistering never deletes ids): an
+        unwritten outcome, a claim that could not be undone.
         """
         if not self.pending and not self.acks:
             return
@@ -375,11 +378,10 @@ class SenderLoop:
     def _unclaim_pending(self) -> tuple[list[Claimed], list[Claimed]]:
         """Set back the rows a committed claim may hold: (items set back, items it could not).
 
-        An item carries a token when its step may have committed without this
-        thread learning it (the reply, or reading the row back, failed): its
-        row may be ``processing`` under that token. Its id must not be given
-        back before the row is ``queued`` again, or no worker would take it
-        and the sweeper would flag a row that was never sent.
+        An item carries a token when its step may have committed unseen (the
+        reply, or reading the row back, failed). Its id must not go back before
+        its row is ``queued`` again: no worker would take it, and the sweeper
+        would flag a row that was never sent.
         """
         set_back: list[Claimed] = []
         kept: list[Claimed] = []
