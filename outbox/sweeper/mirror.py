@@ -77,7 +77,7 @@ class Mirror:
             )
             if first:
                 logger.info("no mirror marker in Redis (first run, or Redis lost data): full check")
-            pushed = self._full_check(held - overdue)
+            pushed = self._full_check(overdue)
         else:
             since = float(state.get("checked_until", now)) - MIRROR_MARGIN
             recent = Q(updated_at__gte=from_timestamp(since)) | Q(pk__in=overdue | released)
@@ -116,7 +116,7 @@ class Mirror:
             )
         return held, overdue, set(before) - held
 
-    def _full_check(self, held: set[int]) -> int:
+    def _full_check(self, overdue: set[int]) -> int:
         """Make Redis hold every queued row, trusting only what its lists hold.
 
         What is read first (ready lists, ``scheduled``, live processing lists)
@@ -124,7 +124,10 @@ class Mirror:
         pushed, forced. An id pushed by someone else meanwhile may end up
         twice: harmless. Set entries that wait nowhere are dropped last.
         """
+        # The lists first, the live workers' lists after: an id claimed between
+        # the two reads is seen in one of them, not missed by both.
         present = self.queue.waiting_ids()
+        held = self._held_by_live_workers() - overdue
         queued: set[int] = set()
         pushed = 0
         for batch in self._batches(Delivery.objects.queued()):
