@@ -23,8 +23,8 @@ from django.utils import timezone
 from . import signals
 from .exceptions import OutboxError
 from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
+from .queue.entries import QueueEntry
 from .queue.publish import publish
-from .queue.reliable import QueueEntry
 
 Status = Delivery.Status
 Outcome = Attempt.Outcome

@@ -10,7 +10,7 @@ from django.core.checks import CheckMessage, Error, Tags
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import outbox_settings
-from ..queue.reliable import get_connection
+from ..queue.entries import get_connection
 from ..redis_cluster import startup_nodes
 from .settings import outbox_check
 

@@ -23,8 +23,8 @@ from django.utils import timezone
 from .. import signals
 from ..mail.message_id import make_message_id, message_id_domain
 from ..models import Delivery, Email, EmailTemplate
+from ..queue.entries import QueueEntry
 from ..queue.publish import publish
-from ..queue.reliable import QueueEntry
 from ..rendering import TemplateCache
 from ..suppression import bare_address, suppressed
 from .api import prepare_email, prepare_template, queue_entries, write_one

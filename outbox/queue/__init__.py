@@ -1,21 +1,22 @@
 """The Redis side: a reliable queue of delivery ids, and what rides on it.
 
-``reliable`` (the keys, a table of them, and the calls), ``scripts`` and
+``entries`` (what the queue says about a row), ``reliable`` (the keys, a
+table of them, and the calls), ``scripts`` and
 ``lua/`` (the Lua scripts), ``direct`` (the web side's push connection),
 ``clock`` (Redis time), ``publish`` (pushing committed rows); then
 ``control`` (pause switches) and ``ratelimit`` (rate limits), built on the
 queue.
 """
 
-from .reliable import (
+from .entries import (
     PRIORITY_INDEX,
     PRIORITY_NAME,
     Claimed,
     ClaimResult,
     QueueEntry,
-    RedisQueue,
     get_connection,
 )
+from .reliable import RedisQueue
 
 __all__ = [
     "PRIORITY_INDEX",

@@ -54,7 +54,8 @@ from django.core.exceptions import ValidationError
 from django.utils.translation import gettext_lazy as _
 
 from ..conf import outbox_settings
-from .reliable import RedisQueue, decode
+from .entries import decode
+from .reliable import RedisQueue
 
 logger = logging.getLogger("outbox.queue.control")
 

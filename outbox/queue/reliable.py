@@ -48,27 +48,32 @@ The rules every script keeps:
 
 Duplicate ids are harmless: a worker acts on an id only through a conditional
 UPDATE in the database, so a stale or repeated id changes nothing.
-
-It stays one module past 400 lines on purpose: it is the one place that names
-Redis keys and calls the scripts, next to the table above; split, the two drift.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
-from django_redis import get_redis_connection
 from redis import Redis
 
 from ..conf import PRIORITIES, outbox_settings
 from ..redis_cluster import is_cluster, slot_target
 from .direct import direct_connections
+from .entries import (
+    PRIORITY_INDEX,
+    PRIORITY_NAME,
+    Claimed,
+    ClaimResult,
+    QueueEntry,
+    decode,
+    entry_args,
+    get_connection,
+    socket_timeout,
+)
 from .scripts import shared_script
 
-PRIORITY_INDEX: dict[str, int] = {name: i + 1 for i, name in enumerate(PRIORITIES)}
-PRIORITY_NAME: dict[int, str] = {i: name for name, i in PRIORITY_INDEX.items()}
 PUSH = shared_script("push")
 
 # How many scheduled ids one claim may promote; bounds the script's run time.
@@ -77,53 +82,6 @@ PROMOTE_LIMIT = 200
 PUSH_CHUNK = 1000
 # Elements per LRANGE/ZRANGE page when the full check reads what Redis holds.
 SCAN_PAGE = 10_000
-
-
-class QueueEntry(NamedTuple):
-    """What Redis needs to know about a row to place it: id, priority, due time."""
-
-    id: int
-    priority: str
-    due: float  # epoch seconds
-
-
-class Claimed(NamedTuple):
-    id: int
-    priority: str
-
-
-def get_connection() -> Redis:
-    """The Redis client of the django-redis cache alias ``OUTBOX["REDIS_CACHE"]``."""
-    return get_redis_connection(outbox_settings.REDIS_CACHE)
-
-
-def _entry_args(entries: Iterable[QueueEntry]) -> list[Any]:
-    args: list[Any] = []
-    for entry in entries:
-        args += [entry.id, PRIORITY_INDEX[entry.priority], f"{entry.due:.6f}"]
-    return args
-
-
-def _socket_timeout(client: Redis) -> float | None:
-    """The socket timeout a client's connections read with (None: they wait for ever)."""
-    pool = getattr(client, "connection_pool", None) or getattr(client, "nodes_manager", None)
-    value = getattr(pool, "connection_kwargs", {}).get("socket_timeout")
-    return float(value) if value else None
-
-
-def decode(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-class ClaimResult(NamedTuple):
-    """What one claim round trip returned."""
-
-    now: float  # Redis time, epoch seconds
-    registered: bool  # False: this incarnation was declared dead; claim nothing more
-    items: list[Claimed]
-    # The operator's control hash as the claim saw it (outbox/queue/control.py);
-    # None when not registered. While it says "paused", items is empty.
-    control: dict[str, str] | None = None
 
 
 class RedisQueue:
@@ -207,7 +165,7 @@ class RedisQueue:
         keys = self._keys()
         flag = 1 if force else 0
         if len(entries) <= PUSH_CHUNK and self._direct is not None:
-            pushed = self._direct.evalsha(PUSH, keys, [flag, *_entry_args(entries)])
+            pushed = self._direct.evalsha(PUSH, keys, [flag, *entry_args(entries)])
             if pushed is not None:
                 return int(pushed)
         script = self._script("push")
@@ -215,13 +173,13 @@ class RedisQueue:
             # A cluster pipeline cannot reload a script its node forgot (after
             # a failover): there, one call per chunk.
             return sum(
-                int(script(keys=keys, args=[flag, *_entry_args(entries[i : i + PUSH_CHUNK])]))
+                int(script(keys=keys, args=[flag, *entry_args(entries[i : i + PUSH_CHUNK])]))
                 for i in range(0, len(entries), PUSH_CHUNK)
             )
         pipe = self.redis.pipeline(transaction=False)
         for start in range(0, len(entries), PUSH_CHUNK):
             chunk = entries[start : start + PUSH_CHUNK]
-            script(keys=keys, args=[flag, *_entry_args(chunk)], client=pipe)
+            script(keys=keys, args=[flag, *entry_args(chunk)], client=pipe)
         return sum(int(n) for n in pipe.execute())
 
     # -- workers ------------------------------------------------------------
@@ -265,7 +223,7 @@ class RedisQueue:
         # A BLPOP longer than the client's socket timeout would be cut by the
         # client ("Timeout reading from socket"): wait less and let the caller
         # look again, leaving a second (or half the limit) for the reply.
-        limit = _socket_timeout(self.redis)
+        limit = socket_timeout(self.redis)
         if limit is not None:
             timeout = min(timeout, max(limit - 1.0, limit / 2))
         # BLPOP takes a fractional timeout (Redis >= 6); redis-py types it as int.
@@ -286,7 +244,7 @@ class RedisQueue:
         return int(
             self._script("release")(
                 keys=self._keys(worker_id),
-                args=[worker_id, 1 if deregister else 0, len(acks), *acks, *_entry_args(entries)],
+                args=[worker_id, 1 if deregister else 0, len(acks), *acks, *entry_args(entries)],
             )
         )
 
@@ -344,9 +302,7 @@ class RedisQueue:
     def reap(self, worker_id: str, requeue: Sequence[QueueEntry]) -> int:
         """Push back ``requeue`` and forget the dead incarnation's list and entry."""
         return int(
-            self._script("reap")(
-                keys=self._keys(worker_id), args=[worker_id, *_entry_args(requeue)]
-            )
+            self._script("reap")(keys=self._keys(worker_id), args=[worker_id, *entry_args(requeue)])
         )
 
     def waiting_ids(self) -> set[int]:

@@ -31,7 +31,8 @@ from django.db.models import Q, QuerySet
 from ..conf import outbox_settings
 from ..models import Delivery
 from ..queue.clock import from_timestamp
-from ..queue.reliable import QueueEntry, RedisQueue
+from ..queue.entries import QueueEntry
+from ..queue.reliable import RedisQueue
 
 logger = logging.getLogger("outbox.sweeper")
 

@@ -48,7 +48,8 @@ from .. import operations
 from ..conf import outbox_settings
 from ..models import Attempt, Delivery, Email
 from ..queue.clock import from_timestamp
-from ..queue.reliable import QueueEntry, RedisQueue
+from ..queue.entries import QueueEntry
+from ..queue.reliable import RedisQueue
 from . import reconcile
 from .mirror import Mirror
 

@@ -17,7 +17,7 @@ import uuid
 from django.db import transaction
 
 from ..models import Delivery
-from ..queue.reliable import Claimed
+from ..queue.entries import Claimed
 from . import sql
 from .host import WorkerHost
 from .outcomes import Started

@@ -33,7 +33,7 @@ from ..conf import outbox_settings
 from ..models import Delivery
 from ..queue import control, ratelimit
 from ..queue.clock import from_timestamp
-from ..queue.reliable import QueueEntry
+from ..queue.entries import QueueEntry
 from . import sql
 from .host import WorkerHost
 from .outcomes import Started

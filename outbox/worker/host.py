@@ -12,7 +12,8 @@ from typing import Protocol
 
 from ..queue.clock import RedisClock
 from ..queue.control import ControlView
-from ..queue.reliable import QueueEntry, RedisQueue
+from ..queue.entries import QueueEntry
+from ..queue.reliable import RedisQueue
 from .cache import EmailCache
 from .group_commit import GroupCommit
 from .report import Stats

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from ..exceptions import DeliveryError, SendFencedError
 from ..mail.message import build_message
 from ..models import Attempt, Delivery
-from ..queue.reliable import Claimed, QueueEntry
+from ..queue.entries import Claimed, QueueEntry
 from . import sql
 from .backoff import Backoff, drop_db_connection, wait_idle
 from .claimed import started_from

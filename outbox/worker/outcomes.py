@@ -37,7 +37,7 @@ from django.db.models import F
 from ..conf import outbox_settings
 from ..mail.failures import FailureKind, classify
 from ..models import Attachment, Attempt, Delivery, Email
-from ..queue.reliable import QueueEntry
+from ..queue.entries import QueueEntry
 from ..suppression import add_refused, refused_recipients
 from .sql import mark_sent
 

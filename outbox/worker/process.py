@@ -38,7 +38,8 @@ from ..conf import outbox_settings
 from ..mail.targets import get_delivery_connection
 from ..queue.clock import RedisClock
 from ..queue.control import ControlView
-from ..queue.reliable import QueueEntry, RedisQueue
+from ..queue.entries import QueueEntry
+from ..queue.reliable import RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit

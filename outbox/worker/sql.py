@@ -29,7 +29,7 @@ from django.db.models.functions import Now
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance
 from ..models import Delivery, Email
-from ..queue.reliable import QueueEntry
+from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 
 Status = Delivery.Status
