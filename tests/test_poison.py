@@ -13,6 +13,7 @@ of worker deaths, while every other message is delivered exactly once.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -94,6 +95,10 @@ def supervise(
                 timeout=5,
             )
     finally:
+        # A replacement may still be starting: SIGTERM before its handlers are
+        # installed would kill it outright. It registers after installing them.
+        with contextlib.suppress(AssertionError):
+            wait_until(lambda: proc.poll() is not None or registered(proc.pid), 30)
         proc.send_signal(signal.SIGTERM)
         code = proc.wait(timeout=30)
         logs.append(proc.stdout.read())
@@ -101,6 +106,11 @@ def supervise(
     if code == -signal.SIGKILL:
         deaths += 1
     return deaths, logs
+
+
+def registered(pid: int) -> bool:
+    """Whether the worker process ``pid`` (default id ``host:pid``) has registered."""
+    return any(f":{pid}#" in worker for worker in RedisQueue().live_workers())
 
 
 @pytest.mark.parametrize(
