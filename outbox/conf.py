@@ -46,6 +46,10 @@ DEFAULTS: dict[str, Any] = {
     "SENDMAIL_PATH": "/usr/sbin/sendmail",
     # Domain of generated Message-IDs; None: the from address's domain.
     "MESSAGE_ID_DOMAIN": None,
+    # The drop-in backend accepts the addresses Django accepts (a bare local
+    # part, a non-ASCII local part); True: only full, ASCII-local-part
+    # addresses, as enqueue_email always checks.
+    "STRICT_ADDRESSES": False,
     # How many ids a worker thread takes from Redis in one round trip.
     "CLAIM_BATCH": 10,
     # Seconds a worker blocks on an empty queue before looking again.
@@ -165,6 +169,10 @@ class OutboxSettings:
     def MESSAGE_ID_DOMAIN(self) -> str | None:
         value = self._get("MESSAGE_ID_DOMAIN")
         return str(value) if value else None
+
+    @property
+    def STRICT_ADDRESSES(self) -> bool:
+        return bool(self._get("STRICT_ADDRESSES"))
 
     @property
     def CLAIM_BATCH(self) -> int:

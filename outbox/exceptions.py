@@ -1,8 +1,10 @@
 """Exceptions raised by the outbox.
 
-Input errors are :class:`django.core.exceptions.ValidationError`; configuration
-errors subclass :class:`django.core.exceptions.ImproperlyConfigured`; everything
-else the outbox raises derives from :class:`OutboxError`.
+Input errors are :class:`InvalidEmailError`, which is both Django's
+:class:`~django.core.exceptions.ValidationError` and the ``ValueError`` /
+``BadHeaderError`` Django's mail backends raise; configuration errors subclass
+:class:`django.core.exceptions.ImproperlyConfigured`; everything the outbox
+raises derives from :class:`OutboxError`.
 
 A delivery backend, including a third-party one, tells the worker how a send
 failed by raising (or chaining) one of these, importing nothing else::
@@ -18,11 +20,22 @@ Any other exception is classified by :func:`outbox.mail.failures.classify`.
 
 from __future__ import annotations
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.mail.message import BadHeaderError  # ValueError itself on Django 6
 
 
 class OutboxError(Exception):
-    """Base class of the outbox's own runtime errors."""
+    """Base class of the outbox's own errors."""
+
+
+class InvalidEmailError(OutboxError, ValidationError, BadHeaderError):
+    """Input the outbox refuses, before anything is written.
+
+    A ``ValidationError`` whose ``message_dict`` names the field, and also
+    Django's ``BadHeaderError`` (a ``ValueError``; on Django 6 the same class):
+    code written for Django's own backends, ``except ValueError`` or ``except
+    BadHeaderError``, catches it where it caught Django's error.
+    """
 
 
 class OutboxConfigurationError(OutboxError, ImproperlyConfigured):

@@ -52,6 +52,14 @@ class Email(models.Model):
         help_text=_("The mailer the worker delivers through; blank for its default."),
     )
 
+    # A message from the drop-in backend: what Django's ``message()`` needs,
+    # beyond the columns above, to build the message exactly as Django would
+    # (see outbox/mail/structure.py). NULL for ``enqueue_email`` and for rows
+    # written before the column existed: those are built from the columns.
+    structure = models.JSONField(
+        _("message structure"), null=True, blank=True, default=None, editable=False
+    )
+
     class Meta:
         verbose_name = _("email")
         verbose_name_plural = _("emails")
@@ -69,6 +77,9 @@ class Attachment(models.Model):
     name = models.CharField(_("file name"), max_length=255, blank=True)
     content = models.BinaryField(_("content"))
     mimetype = models.CharField(_("MIME type"), max_length=255, blank=True)
+    # The content is a whole MIME part as the sender built it (an inline image
+    # with its Content-ID, a MIMEBase): attached as it is, headers and all.
+    mime_part = models.BooleanField(_("MIME part"), default=False, db_default=False)
 
     class Meta:
         verbose_name = _("attachment")

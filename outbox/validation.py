@@ -1,6 +1,7 @@
 """Input checks for everything that will become a header or an address.
 
-Every function raises :class:`ValidationError` naming the field, or
+Every function raises :class:`~outbox.exceptions.InvalidEmailError` (a
+``ValidationError`` naming the field, and a ``ValueError``), or
 :class:`TypeError` for a value of the wrong type, before anything is written.
 """
 
@@ -8,15 +9,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from email import errors
 from email.header import decode_header
+from email.headerregistry import AddressHeader
 from email.utils import formataddr, getaddresses
 from typing import Any
 
+import django
 from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.mail.message import sanitize_address
 from django.core.validators import validate_email
 from django.template import Engine, Template, engines
 from django.template.backends.django import DjangoTemplates
+from django.utils.functional import Promise
 from django.utils.translation import gettext as _
+
+from .exceptions import InvalidEmailError
 
 # Characters that end a line somewhere (str.splitlines and the email package):
 # any of them in a header is a header-injection attempt.
@@ -44,10 +52,12 @@ ADDRESS_HEADERS = frozenset({"to", "cc"})
 _EMPTY_GROUP_RE = re.compile(r"^\s*[\w .-]+:\s*;\s*$")
 _MIMETYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
 MAX_ADDRESS_LENGTH = 320
+# Django 6.0 moved EmailMessage to Python's modern email API.
+MODERN_EMAIL_API = django.VERSION >= (6, 0)
 
 
-def field_error(field: str, message: str, code: str = "invalid") -> ValidationError:
-    return ValidationError({field: [ValidationError(message, code=code)]})
+def field_error(field: str, message: str, code: str = "invalid") -> InvalidEmailError:
+    return InvalidEmailError({field: [ValidationError(message, code=code)]})
 
 
 def require_type(field: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
@@ -140,6 +150,47 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
     if len(formatted) > MAX_ADDRESS_LENGTH:
         raise _too_long(field, value)
     return formatted, address
+
+
+# What Django's SMTP backend forgives in an address (``prep_address``): a
+# local part alone (ticket #15042), and a non-ASCII local part, which a server
+# with SMTPUTF8 takes.
+_DJANGO_FORGIVES = frozenset(
+    {"addr-spec local part with no domain", "local-part contains non-ASCII characters)"}
+)
+
+
+def check_address_as_django(field: str, value: Any) -> str:
+    """One address by Django's own rule; returns it as text, unchanged.
+
+    Django 6's SMTP backend refuses an address whose parse has a defect, or
+    that holds other than one mailbox; it allows ``"webmaster"`` (delivered
+    locally by the server) and, with SMTPUTF8, ``"jörg@example.com"``. On
+    Django 5.2 the address must also pass its ``sanitize_address()``.
+    """
+    if isinstance(value, Promise):
+        value = str(value)
+    require_type(field, value, str, "a string")
+    check_text(field, value, single_line=True)
+    if len(value) > MAX_ADDRESS_LENGTH:
+        raise _too_long(field, value)
+    if not MODERN_EMAIL_API:
+        # Django 5.2's backends run every address through sanitize_address(),
+        # which lets some garbage through ("not an address") that no server
+        # takes: the parse below refuses that on 5.2 too.
+        try:
+            sanitize_address(value, "utf-8")
+        except (ValueError, IndexError):
+            raise _not_an_address(field, value) from None
+    try:
+        parsed = AddressHeader.value_parser(value)
+    except (errors.HeaderParseError, IndexError):  # Django's parse would fail the same way
+        raise _not_an_address(field, value) from None
+    defects = {str(defect) for defect in parsed.all_defects} - _DJANGO_FORGIVES
+    mailboxes = parsed.all_mailboxes
+    if defects or len(mailboxes) != 1 or not mailboxes[0].local_part:
+        raise _not_an_address(field, value)
+    return value
 
 
 # Something with one "@" between non-empty parts: counted to tell "several

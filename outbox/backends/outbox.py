@@ -30,7 +30,7 @@ from django.db import DatabaseError
 
 from ..conf import PRIORITIES
 from ..enqueue.api import write_prepared
-from ..enqueue.prepare import prepare_message
+from ..enqueue.messages import prepare_message
 from ..mail.mailers import delivery_mailers, is_delivery_mailer
 
 logger = logging.getLogger("outbox.backends")
@@ -40,16 +40,17 @@ class OutboxBackend(BaseEmailBackend):
     """Put each message in the outbox instead of sending it.
 
     Every envelope recipient (To, Cc and Bcc) gets one delivery and its own
-    copy; the copies show the To and Cc headers as written, never a Bcc
-    recipient (see :mod:`outbox.mail.message`). The rules are those of
+    copy: the message Django would have sent, with the copy's own Message-ID
+    (see :mod:`outbox.mail.message`), never showing a Bcc recipient. The rules are those of
     :func:`~outbox.enqueue_email`: called inside ``transaction.atomic()``
     the rows belong to the caller's transaction (a rollback sends nothing) and
     ids reach Redis after the commit. All messages of one
     :meth:`send_messages` call are written in one transaction.
 
     Returns the number of messages accepted. A message Django would not send
-    (no recipients) is skipped. An invalid one raises its
-    :class:`~django.core.exceptions.ValidationError` (or ``TypeError``) before
+    (no recipients) is skipped. An invalid one raises
+    :class:`~outbox.exceptions.InvalidEmailError` (a ``ValidationError`` and a
+    ``ValueError``, as Django's backends raise) or ``TypeError`` before
     anything is written; with ``fail_silently`` it is skipped and not counted,
     and a database error is logged instead of raised.
 

@@ -3,10 +3,10 @@
 ``enqueue_email`` takes ``send_mail``-style arguments and gives each recipient
 a copy addressed to them alone. The outbox email backend
 (:class:`outbox.backends.OutboxBackend`) hands over Django ``EmailMessage``
-objects through :func:`prepare_message` and :func:`write_prepared`: every
-envelope recipient (To, Cc and Bcc) gets one delivery, and the To and Cc
-headers the sender wrote are stored in ``Email.headers`` so that every copy
-shows them (see :mod:`outbox.mail.message`).
+objects through :func:`~outbox.enqueue.messages.prepare_message` and
+:func:`write_prepared`: every envelope recipient (To, Cc and Bcc) gets one
+delivery, and the message's structure is stored so that every copy is the
+message Django would have sent (see :mod:`outbox.mail.message`).
 
 Both paths validate everything before writing, write the rows in the caller's
 transaction, and push ids to Redis only after the commit.
@@ -24,7 +24,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
-from ..mail.message_id import make_message_id, message_id_domain
+from ..mail.message_id import copy_message_ids, make_message_id, message_id_domain
 from ..models import Attachment, Delivery, Email, EmailTemplate
 from ..queue.entries import QueueEntry
 from ..queue.publish import publish
@@ -227,6 +227,7 @@ def write_one(p: Prepared) -> list[Delivery]:
     if (
         p.idempotency_key is None
         and not p.attachments
+        and p.structure is None
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
@@ -250,9 +251,16 @@ def write_one(p: Prepared) -> list[Delivery]:
         email.save(force_insert=True, using=using)
         if p.attachments:
             Attachment.objects.using(using).bulk_create(
-                Attachment(email=email, name=name, content=content, mimetype=mimetype)
-                for name, content, mimetype in p.attachments
+                Attachment(
+                    email=email,
+                    name=f.name,
+                    content=f.content,
+                    mimetype=f.mimetype,
+                    mime_part=f.mime_part,
+                )
+                for f in p.attachments
             )
+        message_ids = _message_ids(p, len(missing), domain, using)
         rows = [
             Delivery(
                 email=email,
@@ -263,12 +271,12 @@ def write_one(p: Prepared) -> list[Delivery]:
                 max_attempts=p.max_attempts,
                 not_before=not_before,
                 expires_at=p.expires_at,
-                message_id=make_message_id(domain),
+                message_id=message_id,
                 idempotency_key=p.idempotency_key,
                 created_at=now,
                 updated_at=now,
             )
-            for recipient in missing
+            for recipient, message_id in zip(missing, message_ids, strict=True)
             for why in [stopped.get(bare_address(recipient), "")]
         ]
         if p.idempotency_key is None:
@@ -289,6 +297,13 @@ def write_one(p: Prepared) -> list[Delivery]:
     if p.idempotency_key is None:
         return created
     return [existing[r] for r in p.recipients]
+
+
+def _message_ids(p: Prepared, count: int, domain: str, using: str) -> list[str]:
+    if p.message_id is None:
+        return [make_message_id(domain) for _ in range(count)]
+    taken = Delivery.objects.using(using).filter(message_id=p.message_id).exists()
+    return copy_message_ids(p.message_id, count, domain, taken=taken)
 
 
 def _transaction_now(using: str) -> datetime:
@@ -341,6 +356,7 @@ def _email(p: Prepared, now: datetime) -> Email:
         reply_to=p.reply_to,
         headers=p.headers,
         mailer=p.mailer,
+        structure=p.structure,
         created_at=now,
     )
 

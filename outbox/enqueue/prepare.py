@@ -1,9 +1,10 @@
 """Validation for the outbox's write path: input in, a :class:`Prepared` email out.
 
-Everything :func:`outbox.enqueue_email` and the outbox email backend are
-given is checked and normalised here, before anything is written: a bad field
-raises ``ValidationError`` naming it (or ``TypeError`` for a value of the wrong
-type). :mod:`outbox.enqueue.api` writes the result.
+Everything :func:`outbox.enqueue_email` is given is checked and normalised
+here, before anything is written: a bad field raises
+:class:`~outbox.exceptions.InvalidEmailError` naming it (or ``TypeError`` for a
+value of the wrong type). :mod:`outbox.enqueue.api` writes the result; the
+drop-in backend's messages are checked in :mod:`outbox.enqueue.messages`.
 """
 
 from __future__ import annotations
@@ -13,18 +14,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from datetime import timezone as dt_timezone
-from email.message import Message as MIMEMessage
 from functools import lru_cache
 from typing import Any
 
 from django.conf import settings
-from django.core.mail import EmailMessage
 from django.utils import timezone
-from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
 from ..conf import PRIORITIES, outbox_settings
 from ..mail.mailers import delivery_mailers, is_delivery_mailer
+from ..mail.structure import File
 from ..models import MAILER_MAX_LENGTH
 from ..validation import (
     check_mimetype,
@@ -39,10 +38,6 @@ from ..validation import (
 # Far beyond any sane retry budget, and well inside the column.
 MAX_ATTEMPTS_LIMIT = 1000
 
-# The To header of a copy whose sender wrote no To (a Cc/Bcc-only message): an
-# empty RFC 5322 group, as MTAs write it. It never names a Bcc recipient.
-UNDISCLOSED_RECIPIENTS = "undisclosed-recipients:;"
-
 
 @dataclass
 class Prepared:
@@ -55,13 +50,16 @@ class Prepared:
     html_message: str = ""
     reply_to: list[str] = field(default_factory=list)
     headers: dict[str, str] = field(default_factory=dict)
-    attachments: list[tuple[str, bytes, str]] = field(default_factory=list)
+    attachments: list[File] = field(default_factory=list)
     send_at: datetime | None = None
     priority: str = "normal"
     idempotency_key: str | None = None
     max_attempts: int = 5
     expires_at: datetime | None = None
     mailer: str = ""  # "": the worker's default delivery target
+    # From the drop-in backend: see outbox/mail/structure.py.
+    structure: dict[str, Any] | None = None
+    message_id: str | None = None  # the sender's own Message-ID header
 
 
 def prepare(
@@ -98,13 +96,13 @@ def prepare(
     extra_headers = normalize_headers(headers)
     files = _prepare_attachments(attachments)
     _check_send_at(send_at)
-    _check_priority(priority)
+    check_priority(priority)
     _check_idempotency_key(idempotency_key)
     if max_attempts is None:
         max_attempts = outbox_settings.MAX_ATTEMPTS
-    _check_max_attempts(max_attempts)
+    check_max_attempts(max_attempts)
     _check_expires_at(expires_at, send_at)
-    mailer = _check_mailer(mailer)
+    mailer = check_mailer(mailer)
     return Prepared(
         subject=subject,
         body=message,
@@ -186,7 +184,7 @@ def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
         )
 
 
-def _check_mailer(mailer: Any) -> str:
+def check_mailer(mailer: Any) -> str:
     """A mailer an email may name (see ``outbox/mail/mailers.py``), or "" for the default.
 
     Checked against this host's settings, before anything is written: an
@@ -213,7 +211,7 @@ def _check_mailer(mailer: Any) -> str:
     return mailer
 
 
-def _check_priority(priority: Any) -> None:
+def check_priority(priority: Any) -> None:
     require_type("priority", priority, str, "a string")
     if priority not in PRIORITIES:
         raise field_error(
@@ -233,7 +231,7 @@ def _check_idempotency_key(idempotency_key: Any) -> None:
             )
 
 
-def _check_max_attempts(max_attempts: Any) -> None:
+def check_max_attempts(max_attempts: Any) -> None:
     require_type("max_attempts", max_attempts, int, "an integer")
     if not 1 <= max_attempts <= MAX_ATTEMPTS_LIMIT:
         raise field_error(
@@ -243,7 +241,7 @@ def _check_max_attempts(max_attempts: Any) -> None:
         )
 
 
-def _prepare_attachments(attachments: Any) -> list[tuple[str, bytes, str]]:
+def _prepare_attachments(attachments: Any) -> list[File]:
     if attachments is None:
         return []
     if isinstance(attachments, (str, bytes)) or not isinstance(attachments, Iterable):
@@ -265,126 +263,5 @@ def _prepare_attachments(attachments: Any) -> list[tuple[str, bytes, str]]:
         require_type("attachments", mimetype, str, "a MIME type string")
         check_text("attachments", mimetype, single_line=True)
         check_mimetype("attachments", mimetype)
-        result.append((name, bytes(content), mimetype))
+        result.append(File(name, bytes(content), mimetype))
     return result
-
-
-def prepare_message(
-    message: EmailMessage,
-    *,
-    priority: str = "normal",
-    max_attempts: int | None = None,
-    mailer: str | None = None,
-) -> Prepared:
-    """Validate a Django ``EmailMessage`` for :func:`~outbox.enqueue.api.write_prepared`.
-
-    Every envelope recipient (``to + cc + bcc``, duplicates removed) becomes
-    one delivery. The To and Cc headers as the sender wrote them go into the
-    stored headers, so that each copy shows them; when the sender wrote no To,
-    the copies say ``To: undisclosed-recipients:;``. Bcc recipients appear in
-    no header. ``To``/``Cc`` given in ``message.extra_headers`` win, as they do
-    in Django.
-
-    The body may be plain text with at most one ``text/html`` alternative, or
-    HTML (``content_subtype = "html"``) with at most one ``text/plain``
-    alternative. Attachments are files: ``(filename, content, mimetype)``
-    entries, or MIME parts that carry one file (not inline parts with a
-    Content-ID, which the outbox cannot store).
-
-    Raises ``ValidationError`` (or ``TypeError``) like :func:`~outbox.enqueue_email`.
-    """
-    to = _message_addresses("to", message.to)
-    cc = _message_addresses("cc", message.cc)
-    bcc = _message_addresses("bcc", message.bcc)
-    headers = _message_headers(message.extra_headers)
-    if "To" not in headers:
-        headers["To"] = ", ".join(to) if to else UNDISCLOSED_RECIPIENTS
-    if "Cc" not in headers and cc:
-        headers["Cc"] = ", ".join(cc)
-    body, html = _message_bodies(message)
-    return prepare(
-        _as_text(message.subject),
-        body,
-        _as_text(message.from_email),
-        [*to, *cc, *bcc],
-        html_message=html,
-        reply_to=[_as_text(a) for a in message.reply_to or () if a],
-        headers=headers,
-        attachments=[_message_attachment(item) for item in message.attachments],
-        send_at=None,
-        priority=priority,
-        idempotency_key=None,
-        max_attempts=max_attempts,
-        mailer=mailer,
-    )
-
-
-def _as_text(value: Any) -> Any:
-    """Lazy translations become str; anything else is left for validation."""
-    return str(value) if isinstance(value, Promise) else value
-
-
-def _message_addresses(field_name: str, values: Any) -> list[str]:
-    if isinstance(values, (str, bytes)):
-        raise TypeError(f"{field_name} must be a list or tuple of addresses, not a string")
-    return normalize_address_list(field_name, [_as_text(v) for v in values or () if v])
-
-
-def _message_headers(extra: Any) -> dict[str, str]:
-    if not extra:
-        return {}
-    if not isinstance(extra, dict):
-        raise TypeError(f"headers must be a dict, not {type(extra).__name__}")
-    # Django writes any value with str(); so do we, then validate the text.
-    headers = {
-        name: value if isinstance(value, str) else str(value) for name, value in extra.items()
-    }
-    return normalize_headers(headers)
-
-
-def _message_bodies(message: EmailMessage) -> tuple[str, str | None]:
-    """``(text body, HTML or None)`` of a message, or a ValidationError."""
-    body = _as_text(message.body) or ""
-    subtype = getattr(message, "content_subtype", "plain")
-    alternatives = [
-        (_as_text(alt[0]), str(alt[1])) for alt in getattr(message, "alternatives", None) or ()
-    ]
-    wanted = {"plain": "text/html", "html": "text/plain"}.get(subtype)
-    if wanted is None:
-        raise field_error(
-            "content_subtype",
-            _("The outbox stores plain text or HTML bodies, not %(subtype)r.")
-            % {"subtype": subtype},
-        )
-    if len(alternatives) > 1 or any(mimetype != wanted for _c, mimetype in alternatives):
-        raise field_error(
-            "alternatives",
-            _("The outbox stores a text body and one HTML alternative; got %(types)s.")
-            % {"types": ", ".join([f"text/{subtype}", *(m for _c, m in alternatives)])},
-        )
-    other = alternatives[0][0] if alternatives else None
-    if subtype == "plain":
-        return body, other
-    return other or "", body
-
-
-def _message_attachment(item: Any) -> Any:
-    """One entry of ``EmailMessage.attachments`` as ``(filename, content, mimetype)``."""
-    if isinstance(item, MIMEMessage):  # MIMEBase (Django 5.2) or MIMEPart (6.1)
-        if item.is_multipart():
-            raise field_error("attachments", _("Multipart attachments are not supported."))
-        if item.get("Content-ID") or item.get_content_disposition() == "inline":
-            raise field_error(
-                "attachments",
-                _("Inline parts (with a Content-ID) are not supported; attach files instead."),
-            )
-        payload = item.get_payload(decode=True)
-        return (item.get_filename() or "", payload or b"", item.get_content_type())
-    if not isinstance(item, tuple) or len(item) != 3:
-        return item  # _prepare_attachments raises the TypeError
-    name, content, mimetype = item
-    if isinstance(content, EmailMessage):  # a message/rfc822 attachment
-        content = content.message().as_bytes()
-    elif isinstance(content, MIMEMessage):
-        content = content.as_bytes()
-    return (name, content, mimetype)

@@ -16,6 +16,8 @@ from ..conf import outbox_settings
 # Message-ID is "<" + 32 hex + "@" + domain + ">" in a 255-character column;
 # also short enough that no mail library folds it onto a second line.
 MAX_MESSAGE_ID_DOMAIN = 60
+# Delivery.message_id's column.
+MAX_MESSAGE_ID_LENGTH = 255
 
 
 def make_message_id(domain: str) -> str:
@@ -40,7 +42,11 @@ def make_message_id(domain: str) -> str:
     """
     if len(domain) > MAX_MESSAGE_ID_DOMAIN:
         domain = "localhost"  # a valid but absurdly long sender domain
-    return f"<{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}@{domain}>"
+    return f"<{_unique_part()}@{domain}>"
+
+
+def _unique_part() -> str:
+    return f"{time.time_ns() // 1_000_000:012x}{os.urandom(10).hex()}"
 
 
 def message_id_domain(from_email: str) -> str:
@@ -56,3 +62,24 @@ def _ascii(domain: str) -> str:
         return domain.encode("idna").decode("ascii") or "localhost"
     except UnicodeError:
         return "localhost"
+
+
+def copy_message_ids(callers: str | None, count: int, domain: str, *, taken: bool) -> list[str]:
+    """The Message-IDs of ``count`` copies of a message whose sender may have set one.
+
+    The sender's own ID (``headers={"Message-ID": ...}``) is kept as it is for
+    a message with one recipient, unless a row has it already (``taken``): a
+    second row with the same ID would be a second message under one name. For
+    several recipients each copy gets the sender's ID with a dot and our own
+    unique part added to its left side, ``<left.<32 hex>@right>``: unique,
+    and found by searching for the sender's ID's left part. Without a usable
+    sender's ID (too long, or not ``<left@right>`` when it must be extended)
+    the copies get ours.
+    """
+    if callers and len(callers) <= MAX_MESSAGE_ID_LENGTH and not any(c.isspace() for c in callers):
+        if count == 1 and not taken:
+            return [callers]
+        left, at, right = callers.removeprefix("<").removesuffix(">").rpartition("@")
+        if at and left and right and len(callers) + 33 <= MAX_MESSAGE_ID_LENGTH:
+            return [f"<{left}.{_unique_part()}@{right}>" for _ in range(count)]
+    return [make_message_id(domain) for _ in range(count)]

@@ -13,11 +13,11 @@ What is here, in the order an email meets it:
 - ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
   path (any outcome other than a success);
 - the PL/pgSQL functions behind the ``..._CALL`` statements, which migrations
-  0005 and 0008 create (``STEP_FUNCTION_V1``, ``ENQUEUE_FUNCTION_V1``,
-  ``ENQUEUE_ONE_FUNCTION_V1``).
+  0005, 0008 and 0011 create (``STEP_FUNCTION_V1``, then ``_V2``,
+  ``ENQUEUE_FUNCTION_V1``, ``ENQUEUE_ONE_FUNCTION_V1``).
 
 The code that runs them is in ``outbox/worker/sql.py`` and
-``outbox/enqueue_sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
+``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
 
 Why functions: at Django's defaults (no ``prepare_threshold``, and always
 behind a transaction-pooling PgBouncer) every statement a client sends is
@@ -191,21 +191,21 @@ SELECT (SELECT count(*) FROM settled),
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
     e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
     EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
-    c.status
+    c.status, e.structure
 FROM (VALUES (1)) AS one
 LEFT JOIN claimed c ON true
 LEFT JOIN outbox_email e ON e.id = c.email_id AND e.id <> %(known)s
 """
 )
 
-# The same step through STEP_FUNCTION_V1: same parameters, same row.
+# The same step through STEP_FUNCTION_V2: same parameters, same row.
 STEP_CALL = """
 SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
     %(now)s, %(known)s, %(expired)s)
 """
 
 # Several threads' steps in one statement, so in one commit (the worker's group
-# commit, ``outbox/worker/group_commit.py``): STEP_FUNCTION_V1 once per step, in
+# commit, ``outbox/worker/group_commit.py``): STEP_FUNCTION_V2 once per step, in
 # order. The function is VOLATILE, so each call sees the rows the calls before it
 # wrote: a row claimed twice in one batch goes to one of them only.
 STEPS_CALL = """
@@ -221,7 +221,7 @@ ORDER BY r.n
 # An email's content, when the claim did not bring it.
 EMAIL = """
 SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
 FROM outbox_email e WHERE e.id = %s
 """
 
@@ -279,6 +279,58 @@ DROP_STEP = (
     "DROP FUNCTION IF EXISTS outbox_step("
     "bigint, uuid, bigint, varchar, uuid, timestamptz, bigint, text)"
 )
+
+# V1 with the email's ``structure`` (migration 0011) as a last column: a worker
+# that reads the columns before it by position is not disturbed. A function's
+# OUT columns cannot change in place, so the migration drops V1 first.
+STEP_FUNCTION_V2 = """
+CREATE OR REPLACE FUNCTION outbox_step(
+    p_settle_id bigint, p_settle_token uuid,
+    p_claim_id bigint, p_worker varchar, p_token uuid,
+    p_now timestamptz, p_known bigint, p_expired_error text,
+    OUT settled integer,
+    OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
+    OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
+    OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
+    OUT reply_to jsonb, OUT headers jsonb, OUT mailer varchar, OUT has_attachments boolean,
+    OUT claimed_status varchar, OUT structure jsonb
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    settled := 0;
+    IF p_settle_id IS NOT NULL THEN
+        UPDATE outbox_delivery AS d
+        SET status = 'sent', sent_at = p_now, updated_at = p_now, last_error = ''
+        WHERE d.id = p_settle_id AND (d.status = 'processing') IS TRUE
+            AND d.claim_token = p_settle_token;
+        GET DIAGNOSTICS settled = ROW_COUNT;
+    END IF;
+    IF p_claim_id IS NULL THEN
+        RETURN;
+    END IF;
+    -- A row past its expires_at is claimed into 'cancelled' instead, without
+    -- counting an attempt; the caller drops it unsent.
+    UPDATE outbox_delivery AS d
+    SET status = CASE WHEN d.expires_at <= now() THEN 'cancelled' ELSE 'processing' END,
+        last_error = CASE WHEN d.expires_at <= now() THEN p_expired_error ELSE d.last_error END,
+        worker_id = p_worker, claim_token = p_token,
+        processing_started_at = p_now, updated_at = p_now,
+        attempts = d.attempts + CASE WHEN d.expires_at <= now() THEN 0 ELSE 1 END
+    WHERE d.id = p_claim_id AND (d.status = 'queued') IS TRUE AND d.not_before <= now()
+    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id,
+        d.status
+    INTO email_id, recipient, priority, attempts, max_attempts, message_id, claimed_status;
+    IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
+        RETURN;
+    END IF;
+    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
+        EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
+    INTO subject, body, html_message, from_email, reply_to, headers, mailer, has_attachments,
+        structure
+    FROM outbox_email e WHERE e.id = email_id;
+END
+$$
+"""
 
 ENQUEUE_FUNCTION_V1 = """
 CREATE OR REPLACE FUNCTION outbox_enqueue(

@@ -55,7 +55,7 @@ CLAIM_WITH_CONTENT = (
     CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
             json(e.headers), e.mailer,
-            EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id))
+            EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), json(e.structure))
         FROM outbox_email e WHERE e.id = email_id
     ) END
 """
@@ -64,7 +64,7 @@ CLAIM_WITH_CONTENT = (
 # An email's content, when the claim did not bring it.
 EMAIL = """
 SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
 FROM outbox_email e WHERE e.id = %s
 """
 

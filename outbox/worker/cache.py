@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
+from typing import Any
 
 from ..models import Attachment, Email
 from .sql import load_email
@@ -23,9 +24,13 @@ _OVERHEAD = 1024
 
 
 def email_size(email: Email, attachments: list[Attachment]) -> int:
-    """Approximate bytes held by one cached email."""
-    size = _OVERHEAD + len(email.subject) + len(email.body) + len(email.html_message or "")
-    return size + sum(len(a.content) + len(a.name) + _OVERHEAD for a in attachments)
+    """Approximate bytes held by one cached email, with the message built from it.
+
+    The build (see ``build_message``) holds the texts again and each
+    attachment base64-encoded, a third larger than the raw bytes.
+    """
+    size = _OVERHEAD + 2 * (len(email.subject) + len(email.body) + len(email.html_message or ""))
+    return size + sum(len(a.content) * 7 // 3 + len(a.name) + _OVERHEAD for a in attachments)
 
 
 class EmailCache:
@@ -34,7 +39,9 @@ class EmailCache:
     def __init__(self, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
         self.max_bytes = max_bytes
         self.size = 0
-        self._entries: OrderedDict[int, tuple[Email, list[Attachment], int]] = OrderedDict()
+        self._entries: OrderedDict[int, tuple[Email, list[Attachment], int, dict[Any, Any]]] = (
+            OrderedDict()
+        )
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
@@ -57,6 +64,16 @@ class EmailCache:
             self._entries.move_to_end(email_id)
             return entry[0], entry[1]
 
+    def builds(self, email: Email) -> dict[Any, Any]:
+        """Where the message built from ``email`` is kept for its next copies.
+
+        A fresh dict if ``email`` is not the cached instance (too large, or
+        dropped since): that copy builds alone.
+        """
+        with self._lock:
+            entry = self._entries.get(email.pk)
+            return entry[3] if entry is not None and entry[0] is email else {}
+
     def put(self, email: Email, attachments: list[Attachment]) -> None:
         size = email_size(email, attachments)
         if size > self.max_bytes:
@@ -65,10 +82,10 @@ class EmailCache:
             old = self._entries.pop(email.pk, None)
             if old is not None:
                 self.size -= old[2]
-            self._entries[email.pk] = (email, attachments, size)
+            self._entries[email.pk] = (email, attachments, size, {})
             self.size += size
             while self.size > self.max_bytes:
-                _pk, (_e, _a, dropped) = self._entries.popitem(last=False)
+                _pk, (_e, _a, dropped, _b) = self._entries.popitem(last=False)
                 self.size -= dropped
 
     def content(self, email_id: int) -> tuple[Email, list[Attachment]]:

@@ -310,7 +310,8 @@ class SenderLoop:
             return Settlement(started, Outcome.RELEASED, "lease expired before sending")
         self.sending_generation = started.generation
         try:
-            message = build_message(started.delivery, started.email, started.attachments)
+            built = self.worker.emails.builds(started.email)
+            message = build_message(started.delivery, started.email, started.attachments, built)
             if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except SendFencedError as exc:

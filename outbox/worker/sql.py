@@ -115,7 +115,7 @@ def _delivery(
 
 def _email_from(pk: int, row: Sequence[Any]) -> Email:
     """The email as the worker needs it, from the content columns the statements return."""
-    subject, body, html_message, from_email, reply_to, headers, mailer = row
+    subject, body, html_message, from_email, reply_to, headers, mailer, structure = row
     return loaded_instance(
         Email,
         {
@@ -128,6 +128,7 @@ def _email_from(pk: int, row: Sequence[Any]) -> Email:
             "headers": _json(headers),
             "created_at": None,
             "mailer": mailer,
+            "structure": _json(structure),
         },
     )
 
@@ -254,7 +255,8 @@ def _step_result(step: Step, row: Sequence[Any]) -> StepResult:
     expired = row[15] == Status.CANCELLED
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
-    return settled, ClaimedRow(delivery, _email_from(row[1], row[7:14]), bool(row[14]))
+    content = (*row[7:14], row[16])  # the structure column came last
+    return settled, ClaimedRow(delivery, _email_from(row[1], content), bool(row[14]))
 
 
 def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
@@ -302,7 +304,8 @@ def _sqlite_result(step: Step, settled: int, row: Sequence[Any] | None) -> StepR
     if row[7] is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
     content = json.loads(row[7])
-    return settled, ClaimedRow(delivery, _email_from(row[0], content[:7]), bool(content[7]))
+    email = _email_from(row[0], (*content[:7], content[8]))
+    return settled, ClaimedRow(delivery, email, bool(content[7]))
 
 
 @functools.cache
@@ -347,7 +350,7 @@ def load_email(email_id: int) -> tuple[Email, bool]:
         row = cursor.fetchone()
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")
-    return _email_from(email_id, row[:7]), bool(row[7])
+    return _email_from(email_id, (*row[:7], row[8])), bool(row[7])
 
 
 def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:

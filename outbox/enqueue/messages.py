@@ -1,0 +1,136 @@
+"""A Django ``EmailMessage`` into a :class:`~outbox.enqueue.prepare.Prepared` email.
+
+This is the drop-in backend's write path. A message is accepted when Django
+would send it: its addresses pass Django's own rule (or the outbox's stricter
+one with ``OUTBOX["STRICT_ADDRESSES"]``), and Django's ``message()`` builds it
+without an error. What Django raised becomes an
+:class:`~outbox.exceptions.InvalidEmailError`, which is still a ``ValueError``.
+What is stored is described in :mod:`outbox.mail.structure`.
+"""
+
+from __future__ import annotations
+
+from email.utils import parseaddr
+from typing import Any
+
+from django.core.mail import EmailMessage
+from django.utils.translation import gettext as _
+
+from ..conf import outbox_settings
+from ..mail.structure import describe, text
+from ..validation import (
+    check_address_as_django,
+    check_text,
+    field_error,
+    normalize_address,
+    require_type,
+)
+from .prepare import Prepared, check_mailer, check_max_attempts, check_priority
+
+
+def prepare_message(
+    message: EmailMessage,
+    *,
+    priority: str = "normal",
+    max_attempts: int | None = None,
+    mailer: str | None = None,
+) -> Prepared:
+    """Validate a Django ``EmailMessage`` for :func:`~outbox.enqueue.api.write_prepared`.
+
+    Every envelope recipient (``to + cc + bcc``, the same address once)
+    becomes one delivery, whose copy is the message Django would build (see
+    :mod:`outbox.mail.message`). Raises ``InvalidEmailError`` (or ``TypeError``).
+    """
+    to = _addresses("to", message.to)
+    cc = _addresses("cc", message.cc)
+    bcc = _addresses("bcc", message.bcc)
+    sender = _address("from_email", message.from_email)
+    subject, body = text(message.subject), text(message.body) or ""
+    require_type("subject", subject, str, "a string")
+    require_type("body", body, str, "a string")
+    check_text("subject", subject, single_line=True)
+    check_text("body", body, single_line=False)
+    for value in message.reply_to or ():
+        _address("reply_to", value)
+    _check_headers(message.extra_headers)
+    _build_as_django(message)
+    described = describe(message, to, cc)
+    for content, _mimetype in described.structure.get("alternatives", ()):
+        if isinstance(content, str):
+            check_text("alternatives", content, single_line=False)
+    check_text("alternatives", described.html_message, single_line=False)
+    check_priority(priority)
+    if max_attempts is None:
+        max_attempts = outbox_settings.MAX_ATTEMPTS
+    check_max_attempts(max_attempts)
+    return Prepared(
+        subject=subject,
+        body=body,
+        from_email=sender,
+        recipients=_unique([*to, *cc, *bcc]),
+        html_message=described.html_message,
+        reply_to=list(described.structure["reply_to"]),
+        attachments=described.files,
+        priority=priority,
+        max_attempts=max_attempts,
+        mailer=check_mailer(mailer),
+        structure=described.structure,
+        message_id=_message_id(message.extra_headers),
+    )
+
+
+def _address(field: str, value: Any) -> str:
+    if outbox_settings.STRICT_ADDRESSES:
+        normalize_address(field, text(value))
+    return check_address_as_django(field, value)
+
+
+def _addresses(field: str, values: Any) -> list[str]:
+    if isinstance(values, (str, bytes)):
+        raise TypeError(f"{field} must be a list or tuple of addresses, not a string")
+    return [_address(field, value) for value in values or () if value]
+
+
+def _unique(recipients: list[str]) -> list[str]:
+    """One recipient per address (compared without case), the first as written."""
+    seen: set[str] = set()
+    result = []
+    for recipient in recipients:
+        key = (parseaddr(recipient)[1] or recipient).lower()
+        if key not in seen:
+            seen.add(key)
+            result.append(recipient)
+    return result
+
+
+def _check_headers(headers: Any) -> None:
+    """What the database cannot hold, and Bcc, which no copy may show (Django 6 refuses it too)."""
+    if not headers:
+        return
+    if not isinstance(headers, dict):
+        raise TypeError(f"headers must be a dict, not {type(headers).__name__}")
+    for name, value in headers.items():
+        require_type("headers", name, str, "a dict with str keys")
+        check_text("headers", name, single_line=True)
+        if name.lower() == "bcc":
+            raise field_error(
+                "headers",
+                _('Bcc is not a valid email header; use the "bcc" argument for blind copies.'),
+            )
+        if isinstance(value, str):
+            check_text("headers", value, single_line=True)
+
+
+def _build_as_django(message: EmailMessage) -> None:
+    """Django's own checks, which its backends run when they send: build the message once."""
+    try:
+        message.message()
+    except ValueError as exc:  # BadHeaderError and UnicodeError are ValueErrors too
+        raise field_error("message", str(exc)) from exc
+
+
+def _message_id(headers: Any) -> str | None:
+    for name, value in (headers or {}).items():
+        if name.lower() == "message-id":
+            return str(value).strip() or None
+    return None
