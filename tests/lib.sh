@@ -197,3 +197,38 @@ stop_started() {
   local d
   for d in "${CLEANUP_DIRS[@]}"; do rm -rf "$d"; done
 }
+
+# ensure_django_mail_tests VENV: Django's own mail tests (tests/mail/ of the sdist of
+# the Django installed in VENV), for tests/test_django_mail.py. Downloaded once with
+# that venv's pip and kept in VENV/django-tests/<version>/mail; a no-op when there.
+# tests/mail/ imports only Django, the standard library and aiosmtpd (a test extra).
+# Unpacked into a temporary folder inside VENV and renamed into place, so that two
+# test commands running at once cannot see half a copy.
+ensure_django_mail_tests() {
+  local venv="$1" version dest tmp out
+  version="$("$venv/bin/python" -c 'import django; print(django.__version__)')" || return 1
+  dest="$venv/django-tests/$version"
+  [ -f "$dest/mail/tests.py" ] && return 0
+  log "fetching Django $version's mail tests (tests/mail/ of its sdist) into $dest"
+  mkdir -p "$venv/django-tests"
+  tmp="$(mktemp -d "$venv/django-tests/.fetch.XXXXXX")"
+  out="$tmp/pip.log"
+  if ! PIP_DISABLE_PIP_VERSION_CHECK=1 "$venv/bin/python" -m pip download -q --no-deps \
+         --no-binary :all: "django==$version" -d "$tmp/sdist" >"$out" 2>&1 \
+     || ! tar -xzf "$tmp"/sdist/[Dd]jango-"$version".tar.gz -C "$tmp" \
+            --wildcards "*/tests/mail/*" >>"$out" 2>&1; then
+    cat "$out" >&2
+    rm -rf "$tmp"
+    echo "could not fetch Django $version's mail tests (output above)" >&2
+    return 1
+  fi
+  mkdir -p "$tmp/tree"
+  mv "$tmp"/[Dd]jango-"$version"/tests/mail "$tmp/tree/mail"
+  # Another test command may have won the race: keep its copy.
+  mv -T "$tmp/tree" "$dest" 2>/dev/null || [ -f "$dest/mail/tests.py" ] || {
+    rm -rf "$tmp"
+    echo "could not install Django $version's mail tests in $dest" >&2
+    return 1
+  }
+  rm -rf "$tmp"
+}

@@ -31,9 +31,11 @@ START=$SECONDS
 
 PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
 ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
+ensure_django_mail_tests .venv
 if [[ "$MATRIX" == *6.1* ]]; then
   PY312="$(find_python 3.12)" || { echo "python3.12 not found" >&2; exit 1; }
   ensure_venv .venv-django61 "$PY312" test "django>=6.1,<6.2"
+  ensure_django_mail_tests .venv-django61
 fi
 ensure_redis_server
 ensure_faketime
@@ -73,6 +75,7 @@ run_cell() {
   OUTBOX_TEST_PG_NAME="outbox_${django/./}_$db" \
   OUTBOX_TEST_SQLITE_DIR="$dir/sqlite" \
   OUTBOX_TEST_REDIS_URL="redis://127.0.0.1:$redis_port/0" \
+  OUTBOX_TEST_DJANGO_MAIL_TESTS="$ROOT/$venv/django-tests" \
   COVERAGE_FILE="$dir/coverage/.coverage" \
     "$venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$dir/pytest" \
       --cov=outbox --cov-report= "$@"
