@@ -1,8 +1,8 @@
 # Shell helpers shared by tests/run.sh (the test command), example_project/run.sh,
 # tests/chaos/run.sh and tests/benchmark/run.sh: find Python, make virtual
-# environments quietly, install redis-server, PostgreSQL, Chromium, faketime and Postfix
-# with apt-get when missing, start servers on 127.0.0.1 and free ports, and stop
-# what was started, by pid (never by name).
+# environments quietly, install redis-server, PostgreSQL, Chromium, faketime, Postfix
+# and PgBouncer with apt-get when missing, start servers on 127.0.0.1 and free ports,
+# and stop what was started, by pid (never by name).
 # shellcheck shell=bash
 
 # This file is tests/lib.sh: the repository is its parent's parent.
@@ -94,6 +94,15 @@ ensure_postfix() {
   [ -x /usr/sbin/postfix ] && return 0
   echo "postfix postfix/main_mailer_type select No configuration" | as_root debconf-set-selections
   apt_install postfix || log "postfix could not be installed; its tests will be skipped"
+}
+
+# PgBouncer (Debian package pgbouncer), for the tests through a transaction-pooling
+# PgBouncer (tests/test_pgbouncer.py, skipped without it). The tests run a private
+# instance of their own (tests/pgbouncer.py); the host's pgbouncer service, if the
+# package starts one, is left as it is.
+ensure_pgbouncer() {
+  { command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 && return 0
+  apt_install pgbouncer || log "pgbouncer could not be installed; its tests will be skipped"
 }
 
 # Chromium and its driver, for the admin's browser test (skipped without them).

@@ -17,8 +17,8 @@
 #
 # Installs what is missing: the virtual environments .venv and .venv-django61
 # (rebuilt only when pyproject.toml changes), and with apt-get redis-server,
-# PostgreSQL, Chromium (the admin's browser test), faketime and Postfix. Every server
-# listens on 127.0.0.1 on a free port and is stopped by pid when the script exits.
+# PostgreSQL, Chromium (the admin's browser test), faketime, Postfix and PgBouncer. Every
+# server listens on 127.0.0.1 on a free port and is stopped by pid when the script exits.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
@@ -41,6 +41,7 @@ ensure_redis_server
 ensure_faketime
 ensure_postfix
 ensure_chromium
+if [[ "$MATRIX" == *postgres* ]]; then ensure_pgbouncer; fi  # tests/test_pgbouncer.py
 
 if [ -z "${OUTBOX_TEST_SKIP_LINT:-}" ]; then
   log "ruff, mypy and the import contracts"

@@ -11,6 +11,8 @@ database names:
   "test_<name>")
 - OUTBOX_TEST_SQLITE_DIR: the folder of the SQLite databases
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
+- OUTBOX_TEST_PG_BOUNCER: set ("1") when OUTBOX_TEST_PG_PORT is a transaction-pooling
+  PgBouncer (tests/pgbouncer.py): DISABLE_SERVER_SIDE_CURSORS, as Django asks
 - OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
 - OUTBOX_TEST_REDIS_TOPOLOGY: a Sentinel or Cluster instead (tests/topologies.py)
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
@@ -91,6 +93,10 @@ if _db == "postgres":
         DATABASES["default"]["OPTIONS"] = {
             "prepare_threshold": int(os.environ["OUTBOX_TEST_PG_PREPARE_THRESHOLD"])
         }
+    if os.environ.get("OUTBOX_TEST_PG_BOUNCER"):
+        # Transaction pooling: a server-side cursor (QuerySet.iterator()) would
+        # outlive the transaction that holds its server connection.
+        DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
 else:
     # A file, not :memory:, so that worker subprocesses and threads share it.
     _sqlite_dir = os.environ.get("OUTBOX_TEST_SQLITE_DIR", tempfile.gettempdir())

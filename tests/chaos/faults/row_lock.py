@@ -38,7 +38,7 @@ def stop_on_row_lock(child: Child) -> None:
         child.ensure_work(2 * LOCKED_ROWS, for_fault=True)
         with psycopg.connect(**child._pg_params(child.db_name)) as conn:
             rows = lock_next_rows(conn)
-            victim = wait_for_waiter(child, conn.info.backend_pid, 10) if rows else None
+            victim = wait_for_waiter(child, backend_pid(conn), 10) if rows else None
             if victim is not None:
                 stopped_at = time.monotonic()
                 os.kill(victim.pid, signal.SIGSTOP)
@@ -72,6 +72,17 @@ def lock_next_rows(conn: Any) -> list[int]:
             [LOCKED_ROWS],
         )
         return [pk for (pk,) in cursor.fetchall()]
+
+
+def backend_pid(conn: Any) -> int:
+    """The server process of the lock's transaction.
+
+    Asked in the transaction, not read from ``conn.info.backend_pid``: behind a
+    pooler (tests/test_pgbouncer.py) that is PgBouncer's own number.
+    """
+    with conn.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
 
 
 def wait_for_waiter(child: Child, blocker: int, timeout: float) -> Proc | None:
