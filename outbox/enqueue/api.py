@@ -227,7 +227,6 @@ def write_one(p: Prepared) -> list[Delivery]:
     if (
         p.idempotency_key is None
         and not p.attachments
-        and p.structure is None
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
@@ -325,7 +324,7 @@ def _write_postgresql(
     BEGIN/COMMIT round trips are spent on it; inside one, it joins it. Either
     way the Redis push and the signal run after the commit.
     """
-    message_ids = [make_message_id(domain) for _ in p.recipients]
+    message_ids = _message_ids(p, len(p.recipients), domain, using)
     email = _email(p, now)
     bare = [bare_address(r) for r in p.recipients]
     created = insert_postgresql(

@@ -55,9 +55,12 @@ def insert_postgresql(
         # not this host's); an explicit send_at is the caller's own time.
         "not_before": p.send_at,
         "mailer": p.mailer,
+        "structure": None if p.structure is None else json.dumps(p.structure),
     }
+    # The functions predate Email.structure: a drop-in message takes the statement.
+    functions = outbox_settings.POSTGRESQL_FUNCTIONS and p.structure is None
     with binding_cursor(connections[using]) as cursor:
-        if outbox_settings.POSTGRESQL_FUNCTIONS and len(p.recipients) == 1:
+        if functions and len(p.recipients) == 1:
             params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
             cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
             (pk, email_id, reason), db_now = cursor.fetchone()
@@ -70,7 +73,6 @@ def insert_postgresql(
                 queued=Delivery.Status.QUEUED,
                 cancelled=Delivery.Status.CANCELLED,
             )
-            functions = outbox_settings.POSTGRESQL_FUNCTIONS
             cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
             returned = cursor.fetchall()
     email.pk = returned[0][1]

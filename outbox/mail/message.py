@@ -37,9 +37,11 @@ from django.utils.timezone import get_current_timezone
 
 from ..models import Attachment, Delivery, Email
 from ..validation import MODERN_EMAIL_API
-from .structure import placement, rebuild
+from .structure import address_set, placement, rebuild
 
+# The keys of an email's build cache (besides one built message per policy).
 _TEMPLATE = "template"
+_SHOWN = "shown"
 
 
 class OutboxCopy(EmailMultiAlternatives):
@@ -130,15 +132,11 @@ def _structured_copy(
     template = built.get(_TEMPLATE)
     if template is None:
         template = built.setdefault(_TEMPLATE, rebuild(email, attachments))
-    s = email.structure or {}
-    to, cc = list(s.get("to", ())), list(s.get("cc", ()))
-    headers = dict(template.extra_headers)
-    # Shown as written, whichever list the copy's recipient is in (Django's
-    # message() takes extra To/Cc headers over the lists).
-    if to and "To" not in headers:
-        headers["To"] = ", ".join(to)
-    if cc and "Cc" not in headers:
-        headers["Cc"] = ", ".join(cc)
+    shown = built.get(_SHOWN)
+    if shown is None:
+        shown = built.setdefault(_SHOWN, _shown(email, template))
+    headers, to, cc = shown
+    headers = dict(headers)
     _set_message_id(headers, delivery.message_id)
     where = placement(delivery.recipient, to, cc)
     message = _copy_of(template, headers, built)
@@ -148,6 +146,24 @@ def _structured_copy(
     message._per_copy = {"Message-ID": delivery.message_id}
     message._fresh_date = not any(name.lower() == "date" for name in template.extra_headers)
     return message
+
+
+def _shown(
+    email: Email, template: EmailMultiAlternatives
+) -> tuple[dict[str, Any], frozenset[str], frozenset[str]]:
+    """The copies' extra headers, and the To and Cc addresses (worked out once per email).
+
+    To and Cc are shown as written, whichever list a copy's recipient is in:
+    Django's ``message()`` takes extra To/Cc headers over the lists.
+    """
+    s = email.structure or {}
+    to, cc = list(s.get("to", ())), list(s.get("cc", ()))
+    headers = dict(template.extra_headers)
+    if to and "To" not in headers:
+        headers["To"] = ", ".join(to)
+    if cc and "Cc" not in headers:
+        headers["Cc"] = ", ".join(cc)
+    return headers, address_set(to), address_set(cc)
 
 
 def _set_message_id(headers: dict[str, Any], message_id: str) -> None:

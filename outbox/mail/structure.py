@@ -128,13 +128,17 @@ def _file(item: Any) -> File:
     return File(text(name) or "", bytes(content), mimetype)
 
 
-def placement(recipient: str, to: Sequence[str], cc: Sequence[str]) -> str:
+def address_set(values: Sequence[str]) -> frozenset[str]:
+    """The addresses of ``values``, lower-cased, to look a recipient up in."""
+    return frozenset((parseaddr(v)[1] or v).lower() for v in values)
+
+
+def placement(recipient: str, to: frozenset[str], cc: frozenset[str]) -> str:
     """``"to"``, ``"cc"`` or ``"bcc"``: where the sender put ``recipient``."""
     address = (parseaddr(recipient)[1] or recipient).lower()
-    for where, values in (("to", to), ("cc", cc)):
-        if any((parseaddr(v)[1] or v).lower() == address for v in values):
-            return where
-    return "bcc"
+    if address in to:
+        return "to"
+    return "cc" if address in cc else "bcc"
 
 
 def rebuild(

@@ -75,9 +75,9 @@ from django.db.migrations.state import StateApps
 ENQUEUE = """
 WITH email AS (
     INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,
-        mailer, created_at)
+        mailer, structure, created_at)
     VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-        %(headers)s::jsonb, %(mailer)s, %(now)s)
+        %(headers)s::jsonb, %(mailer)s, %(structure)s::jsonb, %(now)s)
     RETURNING id
 )
 INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
@@ -96,7 +96,8 @@ LEFT JOIN outbox_suppression s ON s.address = r.bare
 RETURNING id, email_id, message_id, last_error, now()
 """
 
-# The same through ENQUEUE_FUNCTION_V1: same parameters, same rows returned.
+# The same through ENQUEUE_FUNCTION_V1: same parameters, same rows returned, but
+# no ``structure`` (a drop-in backend message takes the statement above).
 ENQUEUE_CALL = """
 SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
     %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
