@@ -116,7 +116,10 @@ def _check_headers(headers: Any) -> None:
         if name.lower() == "bcc":
             raise field_error(
                 "headers",
-                _('Bcc is not a valid email header; use the "bcc" argument for blind copies.'),
+                _(
+                    'Bcc is not a valid email header. Use the "bcc" argument to specify'
+                    " blind carbon copy recipients."
+                ),
             )
         if isinstance(value, str):
             check_text("headers", value, single_line=True)

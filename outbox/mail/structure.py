@@ -11,7 +11,8 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
 ``headers``           ``[[name, value], ...]`` in the caller's order; a datetime
                       value as ``{"datetime": ISO 8601}``
 ``subtype``           ``content_subtype`` when not ``"plain"``
-``encoding``          ``EmailMessage.encoding`` when set
+``encoding``          ``EmailMessage.encoding`` when set (a 5.2 ``Charset`` as
+                      its name and encodings)
 ``alternatives``      ``[[content, mimetype], ...]``; content ``{"column":
                       "html_message"}`` for the first HTML one (stored once), or
                       ``{"base64": ...}`` for bytes
@@ -31,12 +32,14 @@ import email
 import email.policy
 from collections.abc import Sequence
 from datetime import datetime
+from email.charset import Charset
 from email.message import Message
 from email.mime.base import MIMEBase
 from email.utils import parseaddr
 from typing import Any, NamedTuple
 
 from django.core.mail import EmailMessage, EmailMultiAlternatives
+from django.utils.functional import Promise
 
 from ..models import Attachment, Email
 from ..validation import MODERN_EMAIL_API
@@ -62,8 +65,8 @@ class Described(NamedTuple):
 
 
 def text(value: Any) -> Any:
-    """Lazy translations become ``str`` (Django writes headers with ``str()``)."""
-    return value if isinstance(value, str) or value is None else str(value)
+    """A lazy translation as ``str`` (as Django writes it); anything else as it is."""
+    return str(value) if isinstance(value, Promise) else value
 
 
 def describe(message: EmailMessage, to: list[str], cc: list[str]) -> Described:
@@ -78,7 +81,13 @@ def describe(message: EmailMessage, to: list[str], cc: list[str]) -> Described:
     }
     if message.content_subtype != "plain":
         structure["subtype"] = message.content_subtype
-    if message.encoding:
+    if isinstance(message.encoding, Charset):  # Django 5.2 takes one, with its encodings
+        structure["encoding"] = {
+            "charset": message.encoding.input_charset,
+            "header": message.encoding.header_encoding,
+            "body": message.encoding.body_encoding,
+        }
+    elif message.encoding:
         structure["encoding"] = str(message.encoding)
     for name, default in (("mixed_subtype", "mixed"), ("alternative_subtype", "alternative")):
         value = message.__dict__.get(name)  # Django 5.2 only, when set on the instance
@@ -172,7 +181,7 @@ def rebuild(
     if "subtype" in s:
         message.content_subtype = s["subtype"]
     if "encoding" in s:
-        message.encoding = s["encoding"]
+        message.encoding = _encoding(s["encoding"])
     for name in ("mixed_subtype", "alternative_subtype"):
         if name in s:
             setattr(message, name, s[name])
@@ -184,6 +193,15 @@ def rebuild(
         else:
             message.attach(attachment.name or None, bytes(attachment.content), attachment.mimetype)
     return message
+
+
+def _encoding(stored: Any) -> Any:
+    if not isinstance(stored, dict):
+        return stored
+    charset = Charset(stored["charset"])
+    charset.header_encoding = stored["header"]
+    charset.body_encoding = stored["body"]
+    return charset
 
 
 def _restored(value: Any) -> Any:
