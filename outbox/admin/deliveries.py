@@ -333,6 +333,7 @@ class EmailAdmin(admin.ModelAdmin):
         "mailer",
         "reply_to",
         "headers",
+        "structure",
         "created_at",
         "deliveries_summary",
         "body",
