@@ -100,6 +100,15 @@ DEFAULTS: dict[str, Any] = {
     # {"bulk": "dotted.path.Backend"} or
     # {"bulk": {"BACKEND": "dotted.path.Backend", "OPTIONS": {...}}}.
     "BACKENDS": {},
+    # -- the staging valve (outbox/mail/valve.py) --
+    # Address patterns that may receive mail, shell-style and matched without
+    # regard to case: ["*@example.com", "qa@shop.test"]. None: everyone.
+    # Set (even to []), a copy to any other address is sent to REDIRECT_TO,
+    # or cancelled when REDIRECT_TO is None.
+    "ALLOWED_RECIPIENTS": None,
+    # The one address that gets the copies ALLOWED_RECIPIENTS keeps from their
+    # recipients, with an X-Outbox-Original-Recipient header. None: cancel them.
+    "REDIRECT_TO": None,
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -251,6 +260,23 @@ class OutboxSettings:
     def BACKENDS(self) -> dict[str, Any]:
         value = self._get("BACKENDS")
         return value if isinstance(value, dict) else {}
+
+    # -- the staging valve -----------------------------------------------------------
+
+    @property
+    def ALLOWED_RECIPIENTS(self) -> tuple[str, ...] | None:
+        value = self._get("ALLOWED_RECIPIENTS")
+        if value is None:
+            return None
+        if isinstance(value, str):
+            # One pattern, not its characters: "*" alone would let everyone through.
+            return (value,)
+        return tuple(str(pattern) for pattern in value)
+
+    @property
+    def REDIRECT_TO(self) -> str | None:
+        value = self._get("REDIRECT_TO")
+        return str(value) if value else None
 
 
 outbox_settings = OutboxSettings()

@@ -18,13 +18,14 @@ from __future__ import annotations
 import json
 import smtplib
 from collections.abc import Iterable, Sequence
-from email.utils import parseaddr
 
 from django.db import connections, router
 from django.utils import timezone
 
 from .models import Suppression
-from .validation import suppression_key
+
+# bare_address lives with suppression_key (the staging valve, below the mail layer, uses it too).
+from .validation import bare_address, suppression_key
 
 __all__ = [
     "bare_address",
@@ -34,13 +35,6 @@ __all__ = [
     "suppression_key",
     "unsuppress",
 ]
-
-
-def bare_address(recipient: str) -> str:
-    """A recipient's address (``"Name <a@b>"`` or ``"a@b"``) in the suppression list's form."""
-    if "<" not in recipient:
-        return suppression_key(recipient)
-    return suppression_key(parseaddr(recipient)[1])
 
 
 def suppress(address: str, reason: str = "", *, source: str = Suppression.Source.API) -> bool:

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping
 from email import errors
 from email.header import decode_header
 from email.headerregistry import AddressHeader
-from email.utils import formataddr, getaddresses
+from email.utils import formataddr, getaddresses, parseaddr
 from typing import Any
 
 import django
@@ -258,6 +258,13 @@ def suppression_key(address: str) -> str:
         return f"{local}@{domain.encode('idna').decode('ascii').lower()}"
     except UnicodeError:
         return address
+
+
+def bare_address(recipient: str) -> str:
+    """A recipient's address (``"Name <a@b>"`` or ``"a@b"``) in :func:`suppression_key` form."""
+    if "<" not in recipient:
+        return suppression_key(recipient)
+    return suppression_key(parseaddr(recipient)[1])
 
 
 def normalize_address_list(field: str, values: Any) -> list[str]:
