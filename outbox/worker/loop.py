@@ -22,6 +22,7 @@ from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
 from ..exceptions import DeliveryError, SendFencedError
+from ..mail import valve
 from ..mail.message import build_message
 from ..models import Attempt, Delivery
 from ..queue.entries import Claimed, QueueEntry
@@ -260,7 +261,7 @@ class SenderLoop:
     def _grouped(s: Settlement | None) -> bool:
         """Nothing or a success to write: a step for the group commit."""
         return connection.vendor in ("postgresql", "sqlite") and (
-            s is None or s.outcome == Outcome.SENT
+            s is None or (s.outcome == Outcome.SENT and not s.error)  # a note: see outcomes.py
         )
 
     def _group_step(
@@ -291,7 +292,7 @@ class SenderLoop:
             self.gate.on_send_error(started, exc, connecting=True)
             return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started, link.backend)
-        if settlement.outcome != Outcome.SENT:
+        if settlement.outcome not in (Outcome.SENT, Outcome.CANCELLED):
             link.close()
         return settlement
 
@@ -312,8 +313,12 @@ class SenderLoop:
         try:
             built = self.worker.emails.builds(started.email)
             message = build_message(started.delivery, started.email, started.attachments, built)
+            # The staging valve's guarantee is given here, on the copy as built (mail/valve.py).
+            message, note = valve.admit(message, started.delivery.recipient)
             if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
+        except valve.NotAllowedRecipient as exc:
+            return Settlement(started, Outcome.CANCELLED, str(exc))
         except SendFencedError as exc:
             logger.warning("delivery %s: %s; releasing it", started.delivery.pk, exc)
             return Settlement(started, Outcome.RELEASED, str(exc))
@@ -321,7 +326,7 @@ class SenderLoop:
             self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
-        return Settlement(started, Outcome.SENT)
+        return Settlement(started, Outcome.SENT, note)
 
     # -- step 4 on its own, and giving back ---------------------------------------
 

@@ -14,6 +14,8 @@ in the same transaction as its Attempt row:
                automatically; under ``"requeue"`` it is retried.
 ``released``   never handed over (the lease ran out first): back to ``queued``,
                and the attempt does not count
+``cancelled``  never handed over: the staging valve stopped the copy
+               (``outbox/mail/valve.py``); the attempt does not count
 
 If the UPDATE changes no row, someone else (the sweeper, an operator) settled
 the row meanwhile; nothing is overwritten. A success is still written as an
@@ -68,7 +70,9 @@ class Settlement:
     """The outcome of one attempt, waiting to be written."""
 
     started: Started
-    outcome: str  # an Attempt.Outcome: sent, retry, failed, ambiguous or released
+    outcome: str  # an Attempt.Outcome: sent, retry, failed, ambiguous, released or cancelled
+    # Why; for a success, a note for the attempt log (the staging valve's
+    # redirect), which makes the success write an Attempt row too.
     error: str = ""
     retry_at: datetime | None = None
     permanent: bool = False
@@ -110,13 +114,17 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
 
     A success is recorded on the row itself (status, ``sent_at``, and the
     worker, token, start time and attempt number it was claimed with): that is
-    the evidence, so it writes no Attempt row. Any other outcome also writes
+    the evidence, so it writes no Attempt row (unless it carries a note: a copy
+    the staging valve redirected says where it went). Any other outcome also writes
     its Attempt row, and a retry or a release pushes the id back to Redis
     (forced: it is in no ready list) once the transaction commits.
     """
     delivery = s.delivery
     if s.outcome == Outcome.SENT:
-        return mark_sent(delivery.pk, s.started.token, now) or sent_but_not_ours(s, now)
+        changed = mark_sent(delivery.pk, s.started.token, now)
+        if changed and s.error and not attempt_logged(s):
+            log_attempt(s, now)  # where a redirected copy went
+        return changed or sent_but_not_ours(s, now)
     rows = Delivery.objects.filter(
         pk=delivery.pk, status=Status.PROCESSING, claim_token=s.started.token
     )
@@ -124,6 +132,10 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         changed = rows.update(status=Status.FAILED, last_error=s.error, updated_at=now)
     elif s.outcome == Outcome.AMBIGUOUS:
         changed = rows.update(status=Status.ABANDONED, last_error=s.error, updated_at=now)
+    elif s.outcome == Outcome.CANCELLED:
+        changed = rows.update(
+            status=Status.CANCELLED, attempts=F("attempts") - 1, last_error=s.error, updated_at=now
+        )
     elif s.outcome == Outcome.RETRY:
         changed = rows.update(
             status=Status.QUEUED,

@@ -87,6 +87,9 @@ def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
         fault("after_mark_sent")
     elif not changed or s.outcome == Outcome.RELEASED:
         return
+    elif s.outcome == Outcome.CANCELLED:
+        stats.add("skipped")
+        logger.info("delivery %s to %s cancelled: %s", delivery.pk, delivery.recipient, s.error)
     elif s.outcome == Outcome.AMBIGUOUS:
         stats.add("in_doubt")
         logger.warning(
