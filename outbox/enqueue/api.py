@@ -24,6 +24,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
+from ..mail import valve
 from ..mail.message_id import copy_message_ids, make_message_id, message_id_domain
 from ..models import Attachment, Delivery, Email, EmailTemplate
 from ..queue.entries import QueueEntry
@@ -76,7 +77,9 @@ def enqueue_email(
     With ``expires_at`` (an aware datetime after now and after ``send_at``), a
     delivery not sent by then is never sent: it ends ``cancelled``. A
     recipient on the suppression list (:mod:`outbox.suppression`) gets a
-    delivery that is ``cancelled`` at once and never pushed.
+    delivery that is ``cancelled`` at once and never pushed; so does one the
+    staging valve stops (``OUTBOX["ALLOWED_RECIPIENTS"]`` without
+    ``REDIRECT_TO``, :mod:`outbox.mail.valve`).
 
     With ``mailer`` (an alias of ``MAILERS`` on Django 6.1, else a key of
     ``OUTBOX["BACKENDS"]``), the worker delivers every copy through that
@@ -224,15 +227,20 @@ def write_one(p: Prepared) -> list[Delivery]:
     now = timezone.now()
     not_before = p.send_at or now
     domain = message_id_domain(p.from_email)
+    # Recipients the staging valve cancels (none while it is off): the
+    # statement below knows only the suppression list, so they take this path.
+    stopped = valve.refusals(p.recipients)
     if (
         p.idempotency_key is None
         and not p.attachments
+        and not stopped
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
     # One indexed query for every recipient of the call (on the PostgreSQL
-    # path above it is part of the INSERT statement).
-    stopped = suppressed(using, [bare_address(r) for r in p.recipients])
+    # path above it is part of the INSERT statement). A suppression's reason
+    # wins over the valve's: it outlives the valve.
+    stopped.update(suppressed(using, [bare_address(r) for r in p.recipients]))
     with transaction.atomic(using=using):
         if connections[using].vendor == "postgresql":
             # Rows due now are due by the database's clock, which the worker's

@@ -21,6 +21,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
+from ..mail import valve
 from ..mail.message_id import make_message_id, message_id_domain
 from ..models import Delivery, Email, EmailTemplate
 from ..queue.entries import QueueEntry
@@ -104,9 +105,15 @@ def _write_chunk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
 
 
 def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
-    """One suppression query and one insert (two on SQLite) for the whole chunk."""
+    """One suppression query and one insert (two on SQLite) for the whole chunk.
+
+    A recipient suppressed, or stopped by the staging valve (``mail/valve.py``),
+    is written ``cancelled`` with its reason in ``why``.
+    """
     now = timezone.now()
-    stopped = suppressed(using, [bare_address(r) for p in chunk for r in p.recipients])
+    # The staging valve's cancellations, then the suppression list's (whose reason wins).
+    stopped = valve.refusals(r for p in chunk for r in p.recipients)
+    stopped.update(suppressed(using, [bare_address(r) for p in chunk for r in p.recipients]))
     domains: dict[str, str] = {}
     rows: list[BulkRow] = []
     for p in chunk:
