@@ -186,6 +186,7 @@ def test_every_family_on_known_data(client, known_state):
     response = scrape(client)
     values, types = parse(response.content.decode())
     assert types == {
+        "outbox_staging_valve": "gauge",
         "outbox_database_up": "gauge",
         "outbox_deliveries": "gauge",
         "outbox_due": "gauge",

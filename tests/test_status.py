@@ -77,7 +77,7 @@ def known_state(queue: RedisQueue) -> dict:
 
 def test_json_reports_the_known_state(known_state):
     report = status_json()
-    assert set(report) == {"version", "time", "database", "redis", "agreement"}
+    assert set(report) == {"version", "time", "valve", "database", "redis", "agreement"}
     assert report["version"] == 1
     db = report["database"]
     assert db["ok"] is True and db["error"] is None

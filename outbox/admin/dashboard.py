@@ -245,6 +245,8 @@ def dashboard_context(
         "redis_error": redis_part["error"],
         "agreement": _agreement_context(snapshot["agreement"]),
         "compare_limit": status.COMPARE_LIMIT,
+        # The staging valve, shown first while it is on (outbox/mail/valve.py).
+        "valve": snapshot["valve"],
     }
     if database["ok"]:
         context.update(_database_context(site, database))

@@ -34,6 +34,7 @@ from django.utils.translation import gettext, ngettext
 from django.utils.translation import gettext_lazy as _
 
 from .. import operations
+from ..mail import valve
 from ..models import Attachment, Attempt, Delivery, Email
 from ..operations import TransitionResult
 from .cells import compact_time, recipient_and_subject, status_badge
@@ -142,14 +143,46 @@ class DeliveryAdmin(admin.ModelAdmin):
         ),
         (_("Record"), {"fields": ("idempotency_key", "created_at", "updated_at")}),
     )
-    readonly_fields = tuple(flatten_fieldsets(fieldsets))
+    readonly_fields = (*flatten_fieldsets(fieldsets), "staging_valve")
     inlines = (AttemptInline,)
+
+    def get_fieldsets(self, request: HttpRequest, obj: Delivery | None = None) -> Any:
+        fieldsets = super().get_fieldsets(request, obj)
+        if not valve.state()["on"]:
+            return fieldsets
+        # While the staging valve is on, what it does with this row, under its recipient.
+        (name, options), *rest = fieldsets
+        fields = list(options["fields"])
+        fields.insert(fields.index("recipient") + 1, "staging_valve")
+        return [(name, {**options, "fields": fields}), *rest]
 
     # -- columns
 
     @admin.display(description=_("recipient and subject"), ordering="recipient")
     def recipient_display(self, obj: Delivery) -> SafeString:
-        return recipient_and_subject(obj.recipient, obj.email.subject)
+        # The row keeps its own recipient (search finds it by that address);
+        # where the staging valve sends its copies instead follows the arrow.
+        target = valve.redirect_to(obj.recipient)
+        shown = f"{obj.recipient} \u2192 {target}" if target else obj.recipient
+        return recipient_and_subject(shown, obj.email.subject)
+
+    @admin.display(description=_("staging valve"))
+    def staging_valve(self, obj: Delivery) -> str:
+        if not valve.state()["on"]:
+            return gettext("off")
+        if valve.allows(obj.recipient):
+            return gettext("on; this recipient is allowed and gets its own copy")
+        target = valve.redirect_to(obj.recipient)
+        if target:
+            return gettext(
+                "on; this recipient is not allowed: a copy goes to %(to)s instead, with "
+                "%(header)s: %(recipient)s (each sent copy is in the attempt log)"
+            ) % {
+                "to": target,
+                "header": valve.ORIGINAL_RECIPIENT_HEADER,
+                "recipient": obj.recipient,
+            }
+        return gettext("on; this recipient is not allowed: its delivery is cancelled, never sent")
 
     @admin.display(description=_("sent"), ordering="sent_at")
     def sent_display(self, obj: Delivery) -> SafeString | None:

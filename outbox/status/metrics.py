@@ -72,13 +72,24 @@ def _one(name: str, type_: str, help_: str, value: float) -> Family:
 def collect(queue: RedisQueue | None = None, now: datetime | None = None) -> list[Family]:
     """The metric families of one snapshot of the database and Redis."""
     snapshot = status.collect(queue, now)
-    families = _database_families(snapshot["database"])
+    families = [_valve_family(snapshot["valve"]), *_database_families(snapshot["database"])]
     if snapshot["database"]["ok"] and snapshot["redis"]["ok"]:
         # Either could fail between the snapshot and this: the family is then
         # absent from this scrape, as those of a part that could not be read.
         with contextlib.suppress(Exception):
             families.append(_sent_total(queue))
     return families + _redis_families(snapshot["redis"], snapshot["agreement"])
+
+
+def _valve_family(valve: dict[str, Any]) -> Family:
+    return _one(
+        "outbox_staging_valve",
+        "gauge",
+        "1 while OUTBOX['ALLOWED_RECIPIENTS'] is set on the host serving this scrape: mail to "
+        "other addresses is redirected to REDIRECT_TO or cancelled (a staging setting; alert "
+        "on it in production), else 0.",
+        1 if valve["on"] else 0,
+    )
 
 
 def _sent_total(queue: RedisQueue | None) -> Family:

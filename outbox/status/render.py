@@ -23,10 +23,27 @@ STATUSES: tuple[str, ...] = tuple(Delivery.Status.values)
 def render(report: dict[str, Any]) -> str:
     """The report as text for a terminal."""
     lines = [_("Outbox status at %(time)s") % {"time": report["time"]}, ""]
+    lines += _render_valve(report["valve"])
     lines += _render_database(report["database"])
     lines.append("")
     lines += _render_redis(report["redis"], report["agreement"])
     return "\n".join(lines) + "\n"
+
+
+def _render_valve(valve: dict[str, Any]) -> list[str]:
+    """The staging valve, first and loud while it is on; nothing while it is off."""
+    if not valve["on"]:
+        return []
+    patterns = ", ".join(valve["allowed_recipients"]) or _("(none)")
+    if valve["redirect_to"]:
+        then = _("mail to anyone else goes to %(to)s") % {"to": valve["redirect_to"]}
+    else:
+        then = _("mail to anyone else is cancelled")
+    return [
+        _("STAGING VALVE ON: only %(patterns)s get mail; %(then)s (OUTBOX['ALLOWED_RECIPIENTS'])")
+        % {"patterns": patterns, "then": then},
+        "",
+    ]
 
 
 def _render_database(db: dict[str, Any]) -> list[str]:

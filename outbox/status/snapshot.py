@@ -8,6 +8,11 @@ keys may be added; none is renamed or removed without a new ``version``):
     ``1``.
 ``time``
     When the snapshot was taken: ISO 8601, UTC.
+``valve``
+    The staging valve (``outbox/mail/valve.py``), from this host's settings:
+    ``on`` (bool: ``OUTBOX["ALLOWED_RECIPIENTS"]`` is set, so mail to other
+    addresses is redirected or cancelled), ``allowed_recipients`` (the
+    patterns, or ``null``) and ``redirect_to`` (``null`` when off or unset).
 ``database``
     ``ok`` (bool) and ``error`` (``null``, or why the database could not be
     read; the other keys are then missing), and:
@@ -114,6 +119,7 @@ from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q
 from django.utils import timezone
 
 from ..conf import PRIORITIES
+from ..mail import valve
 from ..models import Delivery
 from ..queue.reliable import RedisQueue
 from .live import agreement_of, not_compared, read_redis
@@ -170,6 +176,7 @@ def collect(queue: RedisQueue | None = None, now: datetime | None = None) -> dic
     return {
         "version": VERSION,
         "time": now.isoformat(),
+        "valve": valve.state(),
         "database": database,
         "redis": redis_part,
         "agreement": agreement,
