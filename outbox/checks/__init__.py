@@ -2,12 +2,22 @@
 
 One module per concern, each check registered on its own (``settings``,
 ``redis``, ``delivery``, ``mailers``, ``sending``, ``content``,
-``reconcilers``, ``urls``); importing this package registers them all
+``reconcilers``, ``urls``, ``valve``); importing this package registers them all
 (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
 English, as Django's own checks are.
 """
 
-from . import content, delivery, mailers, reconcilers, redis, sending, settings, urls
+from . import content, delivery, mailers, reconcilers, redis, sending, settings, urls, valve
 
-__all__ = ["content", "delivery", "mailers", "reconcilers", "redis", "sending", "settings", "urls"]
+__all__ = [
+    "content",
+    "delivery",
+    "mailers",
+    "reconcilers",
+    "redis",
+    "sending",
+    "settings",
+    "urls",
+    "valve",
+]
