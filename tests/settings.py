@@ -25,6 +25,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import django
 
@@ -77,7 +78,7 @@ _db = os.environ.get("OUTBOX_TEST_DB", "sqlite")
 _name_override = os.environ.get("OUTBOX_TEST_DB_NAME")
 if _db == "postgres":
     _pg_name = os.environ.get("OUTBOX_TEST_PG_NAME", "outbox")
-    DATABASES = {
+    DATABASES: dict[str, dict[str, Any]] = {
         "default": {
             "ENGINE": "django.db.backends.postgresql",
             "NAME": _name_override or _pg_name,
