@@ -6,7 +6,7 @@ the reported time is the median of --repeat runs, and each repetition starts
 with the next system (see ``rotated``). The parts: enqueue, delivery
 with the no-op backend and over SMTP, per-email counts and a profile of our
 worker (instruments.py), the scale check (scale.py) and the dashboard at a
-million rows (dashboard.py), both PostgreSQL only.
+million rows (dashboard.py), and CPU per email and latency (efficiency.py), PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ from tests.benchmark.common import (
     run_timed,
 )
 from tests.benchmark.dashboard import DashboardMixin
+from tests.benchmark.efficiency import EfficiencyMixin
 from tests.benchmark.instruments import Instruments, profile_table
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
@@ -61,7 +62,7 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin):
+class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin, EfficiencyMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -105,6 +106,8 @@ class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin):
             self.bench_bulk()
         if self.want("sending") and self.vendor == "postgresql":
             self.bench_sending()
+        if self.want("efficiency") and self.vendor == "postgresql":
+            self.bench_efficiency()
 
     # -- helpers ------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_section
+from tests.benchmark.efficiency import efficiency_section
 from tests.benchmark.sending import sending_section
 from tests.benchmark.targets import evaluate_targets
 
@@ -73,6 +74,23 @@ def previous_rates(path: Path) -> dict[Key, float]:
         with contextlib.suppress(ValueError):
             rates[(cells[0], cells[1], cells[2], config)] = float(cells[6].replace(",", ""))
     return rates
+
+
+def previous_targets(path: Path) -> dict[str, str]:
+    """The measured figure and verdict of each target of an earlier report, by its name."""
+    out: dict[str, str] = {}
+    if not path.exists():
+        return out
+    text = path.read_text()
+    if "## Targets" not in text:
+        return out
+    for line in text[text.index("## Targets") :].splitlines()[1:]:
+        if line.startswith("## "):
+            break
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0] not in ("target", "---") and not cells[0].startswith("-"):
+            out[cells[0]] = f"{cells[1]} ({cells[2]})"
+    return out
 
 
 def results_table(rows: list[Row], params: dict[str, Any], previous: dict[Key, float]) -> str:
@@ -161,10 +179,12 @@ def build_report(
         "same machine kind), where it had the same line."
     )
     md.append("")
-    md.append("| target | measured | verdict |")
-    md.append("|---|---|---|")
+    before = previous_targets(previous_report)
+    md.append("| target | measured | verdict | previous report |")
+    md.append("|---|---|---|---|")
     for name, measured, verdict in targets:
-        md.append(f"| {name} | {measured} | {verdict} |")
+        was = before.get(name)
+        md.append(f"| {name} | {measured} | {verdict} | {was or '-'} |")
     md.append("")
     for db, data in children.items():
         md += counts_section(db, data["extra"].get("counts"))
@@ -172,6 +192,7 @@ def build_report(
         md += profile_section(db, data["extra"].get("profile"))
         md += dashboard_section(db, data["extra"].get("dashboard"))
         md += sending_section(db, data["extra"].get("sending"))
+        md += efficiency_section(db, data["extra"].get("efficiency"))
     return "\n".join(md) + "\n", targets
 
 

@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,efficiency",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

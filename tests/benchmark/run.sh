@@ -5,6 +5,7 @@
 #   tests/benchmark/run.sh                 # full run (PostgreSQL and SQLite), ~10 minutes on 2 cores
 #   tests/benchmark/run.sh --quick         # smoke version: small sizes, one repeat
 #   tests/benchmark/run.sh --db postgres --repeat 3
+#   tests/benchmark/run.sh --db postgres --only efficiency   # CPU per email, latency (issue 27), ~6 min
 #
 # Every argument goes to tests/benchmark/run.py (see `tests/benchmark/run.sh --help`). It makes its
 # own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on

@@ -23,6 +23,7 @@ from typing import Any
 
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_targets
+from tests.benchmark.efficiency import efficiency_targets
 from tests.benchmark.sending import sending_targets
 from tests.benchmark.system_outbox import DOCUMENTED
 
@@ -72,6 +73,7 @@ def evaluate_targets(
         *dashboard_targets(children),
         *bulk_targets(rows),
         *sending_targets(children),
+        *efficiency_targets(children),
     ]
 
 
