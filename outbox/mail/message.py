@@ -16,14 +16,14 @@ One build serves every copy of an email: the copy's ``message()`` is the
 email's message, built once by Django per policy, with only the headers that
 differ per copy set (Message-ID, Date unless the sender gave one, and the To
 of an ``enqueue_email`` copy). The copies share the built parts, so they must
-be read, not changed, and the build is serialised once before it is shared:
-Python's email package picks multipart boundaries on the first serialisation,
-which two threads must not race on.
+be read, not changed, and every multipart boundary is set before the build is
+shared (``_set_boundaries``).
 """
 
 from __future__ import annotations
 
 import copy
+import secrets
 from collections.abc import Sequence
 from datetime import datetime
 from datetime import timezone as dt_timezone
@@ -59,7 +59,7 @@ class OutboxCopy(EmailMultiAlternatives):
         built = self._built.get(key)
         if built is None:
             built = self._built[_TEMPLATE].message(**kwargs)
-            built.as_bytes()  # fixes every multipart boundary before the parts are shared
+            _set_boundaries(built)
             built = self._built.setdefault(key, built)
         return self._patched(built)
 
@@ -72,6 +72,20 @@ class OutboxCopy(EmailMultiAlternatives):
         if self._fresh_date:
             msg.replace_header("Date", _date())
         return msg
+
+
+def _set_boundaries(message: Message) -> None:
+    """Give every multipart its boundary now, before copies share the parts.
+
+    Python's generator would pick one on the first serialisation (and write it
+    into the part), which two threads must not race on. A random 19-digit
+    boundary, as the generator makes them, cannot be guessed to be planted in
+    a body; setting it costs a walk, where a serialisation would cost as much
+    as sending.
+    """
+    for part in message.walk():
+        if part.is_multipart() and part.get_boundary() is None:
+            part.set_boundary(f"{'=' * 15}{secrets.randbelow(10**19):019d}==")
 
 
 def _date() -> Any:
