@@ -110,7 +110,7 @@ HYPOTHESIS = {
 
 # What this property found and the strategies leave out until it is fixed, each
 # with its minimal example as a strict xfail test at the end of this module.
-KNOWN_DIFFERENCES = {"empty file name", "5.2 non-ASCII str file", "message/rfc822"}
+KNOWN_DIFFERENCES: set[str] = set()
 
 # --- Text -------------------------------------------------------------------
 
@@ -802,9 +802,7 @@ def test_the_senders_message_id_once_taken(outbox):
     )
 
 
-# --- What the property found --------------------------------------------------
-# Each a strict xfail: once fixed it passes, and the strict mark fails the run
-# until the entry is taken out of KNOWN_DIFFERENCES (and the mark removed).
+# --- What the property found (each fixed since, kept as its minimal example) ----
 
 
 def test_an_alternative_given_as_bytes(outbox):
@@ -814,32 +812,22 @@ def test_an_alternative_given_as_bytes(outbox):
     check_locmem_message(message)
 
 
-@pytest.mark.xfail(
-    MODERN, strict=True, raises=AssertionError, reason="KNOWN_DIFFERENCES: empty file name"
-)
 def test_an_attachment_with_an_empty_file_name(outbox):
-    """Django 6 writes ``Content-Disposition: attachment; filename``; the outbox stores None."""
+    """Django 6 writes ``Content-Disposition: attachment; filename``: "" is not None."""
     message = EmailMessage("s", "b", None, ["a@example.com"])
     message.attach("", b"data", "application/octet-stream")
     check_locmem_message(message)
 
 
-@pytest.mark.xfail(
-    not MODERN,
-    strict=True,
-    raises=AssertionError,
-    reason="KNOWN_DIFFERENCES: 5.2 non-ASCII str file",
-)
 def test_a_non_text_attachment_given_as_non_ascii_str(outbox):
-    """Django 5.2 encodes it as MIMEBase does (Latin-1 here); the outbox as UTF-8."""
+    """Django 5.2 encodes it as MIMEBase does (raw-unicode-escape), 6 as UTF-8."""
     message = EmailMessage("s", "b", None, ["a@example.com"])
     message.attach("data.json", '{"price": "5 €", "café": 1}', "application/json")
     check_locmem_message(message)
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason="KNOWN_DIFFERENCES: message/rfc822")
 def test_an_attached_message(outbox):
-    """Since 9c500ac ``_set_boundaries`` gives a message/rfc822 part a boundary parameter.
+    """``_set_boundaries`` once gave a message/rfc822 part a boundary parameter.
 
     ``is_multipart()`` is true for it (its payload is the attached message).
     """

@@ -84,7 +84,8 @@ def _set_boundaries(message: Message) -> None:
     as sending.
     """
     for part in message.walk():
-        if part.is_multipart() and part.get_boundary() is None:
+        # Not is_multipart(): it is also true of message/rfc822, which has no boundary.
+        if part.get_content_maintype() == "multipart" and part.get_boundary() is None:
             part.set_boundary(f"{'=' * 15}{secrets.randbelow(10**19):019d}==")
 
 

@@ -18,6 +18,7 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
                       ``{"base64": ...}`` for bytes
 ``mixed_subtype``,    Django 5.2's subtypes, when not the default
 ``alternative_...``
+``blank_names``       positions of attachments whose file name was ``""``
 ====================  ===========================================================
 
 Rebuilding makes Django objects again (a MIME part is parsed back from its
@@ -96,6 +97,14 @@ def describe(message: EmailMessage, to: list[str], cc: list[str]) -> Described:
     html, alternatives = _alternatives(getattr(message, "alternatives", None) or ())
     if alternatives:
         structure["alternatives"] = alternatives
+    # A file name given as "" (not None): Django 6 writes "filename" bare.
+    blank = [
+        i
+        for i, item in enumerate(message.attachments)
+        if not isinstance(item, Message) and text(item[0]) == ""
+    ]
+    if blank:
+        structure["blank_names"] = blank
     return Described(html, structure, [_file(item) for item in message.attachments])
 
 
@@ -132,8 +141,11 @@ def _file(item: Any) -> File:
         content = content.as_bytes()
     elif isinstance(content, str):
         # Django decodes a text/* attachment's bytes as UTF-8 again, and
-        # encodes any other str as UTF-8: the same content either way.
-        content = content.encode("utf-8", "surrogateescape")
+        # encodes any other str as UTF-8: the same content either way. Django
+        # 5.2 hands a non-text str to MIMEBase, whose base64 step encodes it
+        # as Python's email package does (raw-unicode-escape beyond ASCII).
+        legacy = not MODERN_EMAIL_API and mimetype.split("/")[0] not in ("text", "message")
+        content = content.encode("raw-unicode-escape" if legacy else "utf-8", "surrogateescape")
     return File(text(name) or "", bytes(content), mimetype)
 
 
@@ -187,11 +199,13 @@ def rebuild(
             setattr(message, name, s[name])
     for content, mimetype in s.get("alternatives", ()):
         message.attach_alternative(_content(content, email_row), mimetype)
-    for attachment in attachments:
+    blank = set(s.get("blank_names", ()))
+    for i, attachment in enumerate(attachments):
         if attachment.mime_part:
             message.attach(_part(bytes(attachment.content)))
         else:
-            message.attach(attachment.name or None, bytes(attachment.content), attachment.mimetype)
+            name = "" if i in blank else attachment.name or None
+            message.attach(name, bytes(attachment.content), attachment.mimetype)
     return message
 
 
