@@ -204,7 +204,7 @@ def rebuild(
         if attachment.mime_part:
             message.attach(_part(bytes(attachment.content)))
         else:
-            name = "" if i in blank else attachment.name or None
+            name: str | None = "" if i in blank else attachment.name or None
             message.attach(name, bytes(attachment.content), attachment.mimetype)
     return message
 
