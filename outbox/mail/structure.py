@@ -204,8 +204,8 @@ def rebuild(
         if attachment.mime_part:
             message.attach(_part(bytes(attachment.content)))
         else:
-            name: str | None = "" if i in blank else attachment.name or None
-            message.attach(name, bytes(attachment.content), attachment.mimetype)
+            filename: str | None = "" if i in blank else attachment.name or None
+            message.attach(filename, bytes(attachment.content), attachment.mimetype)
     return message
 
 
