@@ -1,11 +1,11 @@
 """The worker's step and enqueue_email's insert as PL/pgSQL functions on PostgreSQL.
 
-See outbox/statements/postgresql.py. Elsewhere the migration does nothing.
+See outbox/statements/functions.py. Elsewhere the migration does nothing.
 """
 
 from django.db import migrations
 
-from outbox.statements.postgresql import (
+from outbox.statements.functions import (
     DROP_ENQUEUE,
     DROP_STEP,
     ENQUEUE_FUNCTION_V1,

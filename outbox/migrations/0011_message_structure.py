@@ -2,13 +2,13 @@
 
 ``Email.structure`` and ``Attachment.mime_part`` (see outbox/mail/structure.py),
 and on PostgreSQL the worker's step function in the version that returns the
-structure (``STEP_FUNCTION_V2`` in outbox/statements/postgresql.py): a
+structure (``STEP_FUNCTION_V2`` in outbox/statements/functions.py): a
 function's result columns cannot change in place, so V1 is dropped first.
 """
 
 from django.db import migrations, models
 
-from outbox.statements.postgresql import (
+from outbox.statements.functions import (
     DROP_STEP,
     STEP_FUNCTION_V1,
     STEP_FUNCTION_V2,

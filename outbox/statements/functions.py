@@ -1,0 +1,224 @@
+"""The PL/pgSQL functions behind the ``..._CALL`` statements of ``postgresql.py``.
+
+Migrations 0005, 0008 and 0011 create them (``STEP_FUNCTION_V1``, then ``_V2``,
+``ENQUEUE_FUNCTION_V1``, ``ENQUEUE_ONE_FUNCTION_V1``); why the hot path calls
+functions at all is told in ``postgresql.py``.
+
+Each function's DDL is frozen once a release ships it: a change is a new
+constant (``..._V2``) and a new migration, so that migrating an old database
+replays the history it had. (Before the first release the ``_V1`` functions
+were changed in place, to carry ``outbox_email.mailer``, which migration 0007
+adds: PL/pgSQL resolves column names when a function first runs, not when
+migration 0005 creates it; and ``ENQUEUE_ONE_FUNCTION_V1`` came to return one
+array instead of three columns.)
+"""
+
+from __future__ import annotations
+
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.state import StateApps
+
+# -- outbox_step: the worker's step (migration 0005, then 0011) -----------------------------
+
+STEP_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_step(
+    p_settle_id bigint, p_settle_token uuid,
+    p_claim_id bigint, p_worker varchar, p_token uuid,
+    p_now timestamptz, p_known bigint, p_expired_error text,
+    OUT settled integer,
+    OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
+    OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
+    OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
+    OUT reply_to jsonb, OUT headers jsonb, OUT mailer varchar, OUT has_attachments boolean,
+    OUT claimed_status varchar
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    settled := 0;
+    IF p_settle_id IS NOT NULL THEN
+        UPDATE outbox_delivery AS d
+        SET status = 'sent', sent_at = p_now, updated_at = p_now, last_error = ''
+        WHERE d.id = p_settle_id AND (d.status = 'processing') IS TRUE
+            AND d.claim_token = p_settle_token;
+        GET DIAGNOSTICS settled = ROW_COUNT;
+    END IF;
+    IF p_claim_id IS NULL THEN
+        RETURN;
+    END IF;
+    -- A row past its expires_at is claimed into 'cancelled' instead, without
+    -- counting an attempt; the caller drops it unsent.
+    UPDATE outbox_delivery AS d
+    SET status = CASE WHEN d.expires_at <= now() THEN 'cancelled' ELSE 'processing' END,
+        last_error = CASE WHEN d.expires_at <= now() THEN p_expired_error ELSE d.last_error END,
+        worker_id = p_worker, claim_token = p_token,
+        processing_started_at = p_now, updated_at = p_now,
+        attempts = d.attempts + CASE WHEN d.expires_at <= now() THEN 0 ELSE 1 END
+    WHERE d.id = p_claim_id AND (d.status = 'queued') IS TRUE AND d.not_before <= now()
+    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id,
+        d.status
+    INTO email_id, recipient, priority, attempts, max_attempts, message_id, claimed_status;
+    IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
+        RETURN;
+    END IF;
+    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
+        EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id)
+    INTO subject, body, html_message, from_email, reply_to, headers, mailer, has_attachments
+    FROM outbox_email e WHERE e.id = email_id;
+END
+$$
+"""
+
+DROP_STEP = (
+    "DROP FUNCTION IF EXISTS outbox_step("
+    "bigint, uuid, bigint, varchar, uuid, timestamptz, bigint, text)"
+)
+
+# V1 with the email's ``structure`` (migration 0011) as a last column: a worker
+# that reads the columns before it by position is not disturbed. A function's
+# OUT columns cannot change in place, so the migration drops V1 first.
+STEP_FUNCTION_V2 = """
+CREATE OR REPLACE FUNCTION outbox_step(
+    p_settle_id bigint, p_settle_token uuid,
+    p_claim_id bigint, p_worker varchar, p_token uuid,
+    p_now timestamptz, p_known bigint, p_expired_error text,
+    OUT settled integer,
+    OUT email_id bigint, OUT recipient varchar, OUT priority varchar,
+    OUT attempts integer, OUT max_attempts integer, OUT message_id varchar,
+    OUT subject text, OUT body text, OUT html_message text, OUT from_email varchar,
+    OUT reply_to jsonb, OUT headers jsonb, OUT mailer varchar, OUT has_attachments boolean,
+    OUT claimed_status varchar, OUT structure jsonb
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+BEGIN
+    settled := 0;
+    IF p_settle_id IS NOT NULL THEN
+        UPDATE outbox_delivery AS d
+        SET status = 'sent', sent_at = p_now, updated_at = p_now, last_error = ''
+        WHERE d.id = p_settle_id AND (d.status = 'processing') IS TRUE
+            AND d.claim_token = p_settle_token;
+        GET DIAGNOSTICS settled = ROW_COUNT;
+    END IF;
+    IF p_claim_id IS NULL THEN
+        RETURN;
+    END IF;
+    -- A row past its expires_at is claimed into 'cancelled' instead, without
+    -- counting an attempt; the caller drops it unsent.
+    UPDATE outbox_delivery AS d
+    SET status = CASE WHEN d.expires_at <= now() THEN 'cancelled' ELSE 'processing' END,
+        last_error = CASE WHEN d.expires_at <= now() THEN p_expired_error ELSE d.last_error END,
+        worker_id = p_worker, claim_token = p_token,
+        processing_started_at = p_now, updated_at = p_now,
+        attempts = d.attempts + CASE WHEN d.expires_at <= now() THEN 0 ELSE 1 END
+    WHERE d.id = p_claim_id AND (d.status = 'queued') IS TRUE AND d.not_before <= now()
+    RETURNING d.email_id, d.recipient, d.priority, d.attempts, d.max_attempts, d.message_id,
+        d.status
+    INTO email_id, recipient, priority, attempts, max_attempts, message_id, claimed_status;
+    IF NOT FOUND OR claimed_status <> 'processing' OR email_id = p_known THEN
+        RETURN;
+    END IF;
+    SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
+        EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
+    INTO subject, body, html_message, from_email, reply_to, headers, mailer, has_attachments,
+        structure
+    FROM outbox_email e WHERE e.id = email_id;
+END
+$$
+"""
+
+ENQUEUE_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipients text[], p_message_ids text[], p_bare text[], p_mailer varchar
+) RETURNS TABLE (id bigint, email_id bigint, message_id varchar, last_error text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_email bigint;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
+    RETURNING e.id INTO new_email;
+    RETURN QUERY
+    INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
+        max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+        updated_at)
+    SELECT new_email, r.recipient,
+        CASE WHEN s.address IS NULL THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', r.message_id,
+        CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+        p_now, p_now
+    FROM unnest(p_recipients, p_message_ids, p_bare) AS r(recipient, message_id, bare)
+    LEFT JOIN outbox_suppression s ON s.address = r.bare
+    RETURNING d.id, d.email_id, d.message_id, d.last_error;
+END
+$$
+"""
+
+DROP_ENQUEUE = (
+    "DROP FUNCTION IF EXISTS outbox_enqueue(text, text, text, varchar, jsonb, jsonb, "
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text[], text[], text[], varchar)"
+)
+
+
+# ENQUEUE_FUNCTION_V1 for one recipient, row for row (the suppression text too):
+# ``tests/test_fast_paths.py`` compares both with the plain ENQUEUE. Returns
+# {delivery id, email id, why it is suppressed or ""}: one array, so that the
+# call is a plain scalar call (see ENQUEUE_ONE_CALL).
+ENQUEUE_ONE_FUNCTION_V1 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue_one(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipient text, p_message_id text, p_bare text, p_mailer varchar
+) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    delivery_id bigint;
+    new_email_id bigint;
+    why text;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
+    RETURNING e.id INTO new_email_id;
+    why := '';
+    SELECT x.address, x.source, x.reason INTO s
+    FROM outbox_suppression x WHERE x.address = p_bare;
+    IF FOUND THEN
+        why := left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000);
+    END IF;
+    INSERT INTO outbox_delivery AS d (email_id, recipient, status, priority, attempts,
+        max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+        updated_at)
+    VALUES (new_email_id, p_recipient,
+        CASE WHEN why = '' THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', p_message_id, why,
+        p_now, p_now)
+    RETURNING d.id INTO delivery_id;
+    RETURN ARRAY[delivery_id::text, new_email_id::text, why];
+END
+$$
+"""
+
+DROP_ENQUEUE_ONE = (
+    "DROP FUNCTION IF EXISTS outbox_enqueue_one(text, text, text, varchar, jsonb, jsonb, "
+    "timestamptz, varchar, integer, timestamptz, timestamptz, text, text, text, varchar)"
+)
+
+
+def run_on_postgresql(sql: str) -> object:
+    """A RunPython callable that runs ``sql`` on PostgreSQL and does nothing elsewhere."""
+
+    def run(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
+        if schema_editor.connection.vendor == "postgresql":
+            schema_editor.execute(sql)
+
+    return run
