@@ -1,9 +1,12 @@
-"""Which cells of tests/run.sh run the slowest real-process modules.
+"""Which cells of tests/run.sh run the slowest modules.
 
-Every cell runs the whole suite except these: each spends a minute or more on
-worker, proxy or Postfix processes, and gains little from running under both
-Django versions on both databases. Outside tests/run.sh (no cell named), or
-with ``OUTBOX_TEST_ALL_CELLS=1``, they always run.
+Every cell runs the whole suite except these: each spends tens of seconds on
+worker, proxy, Postfix or browser processes or on Hypothesis examples, and
+gains little from running in all four cells. Most run in two cells chosen so
+that they still meet both Django versions or both databases; the pairs are
+spread so that the cells, run two at a time, end together. Outside
+tests/run.sh (no cell named), or with ``OUTBOX_TEST_ALL_CELLS=1``, they always
+run.
 """
 
 from __future__ import annotations

@@ -14,12 +14,18 @@ from typing import Any
 import pytest
 from django.core import mail
 from django.db import connections
+from hypothesis import settings as hypothesis_settings
 
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# A failing example is printed with the blob that replays it (@reproduce_failure):
+# a failure seen once in CI can be run again here.
+hypothesis_settings.register_profile("outbox", print_blob=True)
+hypothesis_settings.load_profile("outbox")
 
 
 @pytest.fixture(scope="session")
@@ -73,6 +79,25 @@ def _clean_redis() -> Iterator[None]:
     queue = RedisQueue()
     queue.redis.flushdb()
     yield
+
+
+@pytest.fixture(autouse=True)
+def _no_worker_left_running() -> Iterator[None]:
+    """A test that started an in-process worker has stopped it when it ends.
+
+    A worker thread left running would go on claiming from the same Redis
+    database and sending the next tests' rows, which then fail far from the
+    cause; the test that left it fails here instead.
+    """
+    yield
+    try:
+        wait_until(lambda: not _worker_threads(), 30, interval=0.05)
+    except AssertionError:
+        pytest.fail(f"the test left worker threads running: {_worker_threads()}")
+
+
+def _worker_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("outbox-")]
 
 
 @pytest.fixture

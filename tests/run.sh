@@ -154,8 +154,13 @@ for cell in "${cells[@]}"; do
 done
 
 if [ ${#failed[@]} -gt 0 ]; then
-  # Repeated last, so that the end of a long CI log says which tests failed.
+  # Repeated last, so that the end of a long CI log says which tests failed and
+  # why: the assertion lines, and a Hypothesis failure's example and its replay blob.
   for cell in "${failed[@]}"; do
+    awk '/Failing test case:/ { case = 1 }
+         case || /^E  |[A-Za-z]+Error:|reproduce_failure/ { print }
+         case && /^[ |]*\)$/ { case = 0 }' "${CELL_DIR[$cell]}/log" \
+      | grep -v 'Traceback\|ExceptionGroup' | cut -c1-300 | head -n 40 | sed "s/^/[$cell] /" || true
     grep -E '^(FAILED|ERROR) ' "${CELL_DIR[$cell]}/log" | sed "s/^/[$cell] /" || true
   done
   echo "FAILED cells: ${failed[*]}" >&2

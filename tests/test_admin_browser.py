@@ -42,8 +42,13 @@ from outbox import enqueue_email
 from outbox.admin.cells import SUBJECT_CHARS
 from outbox.models import Attempt, Delivery
 from outbox.queue import RedisQueue, control, ratelimit
+from tests.cells import only_in_cells
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.slow,
+    only_in_cells("6.1:postgres", "5.2:sqlite", why="one cell per Django version and per database"),
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "tests" / "artifacts"

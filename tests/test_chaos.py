@@ -13,9 +13,10 @@ on a row lock is SIGSTOPped, and one is SIGTERMed during a send held longer
 than the heartbeat timeout. The rules asserted here are the ones the chaos
 run exits non-zero on.
 
-It takes about two minutes, so it runs in ONE cell of tests/run.sh: the
-Django 6.1 PostgreSQL cell (OUTBOX_TEST_PG_NAME=outbox_61_postgres), or any
-PostgreSQL run outside tests/run.sh (OUTBOX_TEST_PG_NAME unset), or wherever
+Each policy's run takes over a minute, so each runs in ONE cell of
+tests/run.sh: "review" in the Django 6.1 PostgreSQL cell (with psycopg's
+prepared statements), "requeue" in the Django 5.2 one; both in any PostgreSQL
+run outside tests/run.sh (OUTBOX_TEST_PG_NAME unset), or wherever
 OUTBOX_TEST_CHAOS=1.
 """
 
@@ -31,7 +32,8 @@ from tests.chaos.run import Config, run_chaos
 
 pytestmark = pytest.mark.slow
 
-CHAOS_CELL = "outbox_61_postgres"
+# The cell (OUTBOX_TEST_PG_NAME) that runs each policy's chaos run.
+CHAOS_CELL = {"review": "outbox_61_postgres", "requeue": "outbox_52_postgres"}
 
 SMALL = {
     "deliveries": 300,
@@ -59,22 +61,22 @@ SMALL = {
 }
 
 
-def skip_unless_chaos_cell() -> None:
+def skip_unless_chaos_cell(policy: str) -> None:
     if connection.vendor != "postgresql":
         pytest.skip(
             "the chaos run needs PostgreSQL: its 'refuse mark sent' step terminates the "
             "workers' database connections with pg_terminate_backend"
         )
     cell = os.environ.get("OUTBOX_TEST_PG_NAME")
-    if cell not in (None, CHAOS_CELL) and os.environ.get("OUTBOX_TEST_CHAOS") != "1":
-        pytest.skip(f"the chaos run is slow: it runs in the {CHAOS_CELL} cell only")
+    if cell not in (None, CHAOS_CELL[policy]) and os.environ.get("OUTBOX_TEST_CHAOS") != "1":
+        pytest.skip(f"the chaos run is slow: it runs in the {CHAOS_CELL[policy]} cell only")
     if shutil.which("faketime") is None:
         pytest.skip("faketime is not installed (tests/run.sh installs it)")
 
 
 @pytest.mark.parametrize("policy", ["review", "requeue"])
 def test_small_chaos_run(policy, tmp_path):
-    skip_unless_chaos_cell()
+    skip_unless_chaos_cell(policy)
     result = run_chaos(Config(policy=policy, db="postgres", results_dir=str(tmp_path), **SMALL))
     counts = result["counts"]
     table = result["table"]

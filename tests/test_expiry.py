@@ -96,7 +96,8 @@ def test_a_row_whose_expiry_passes_while_it_waits_for_a_retry_is_never_sent(sett
     finally:
         if worker is not None and thread is not None:
             worker.stop()
-            thread.join(10)
+            thread.join(30)
+            assert not thread.is_alive()
         server.stop()
     row.refresh_from_db()
     assert row.attempts == 1 and "expired" in row.last_error

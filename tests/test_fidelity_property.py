@@ -91,10 +91,14 @@ from hypothesis.control import currently_in_test_context
 from outbox.models import Attachment, Attempt, Delivery, Email
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
+from tests.cells import only_in_cells
 from tests.servers import SMTPRecorder
 from tests.test_backend import use_outbox, use_smtp_delivery
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    only_in_cells("5.2:postgres", "6.1:sqlite", why="one cell per Django version and per database"),
+]
 
 MODERN = django.VERSION >= (6, 0)
 EXAMPLES = int(os.environ.get("OUTBOX_TEST_FIDELITY_EXAMPLES", "50"))

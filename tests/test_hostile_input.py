@@ -28,8 +28,12 @@ from outbox import enqueue_email
 from outbox.mail.message import build_message
 from outbox.models import Attachment, Attempt, Delivery, Email
 from outbox.queue import RedisQueue
+from tests.cells import only_in_cells
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    only_in_cells("6.1:postgres", "5.2:sqlite", why="one cell per Django version and per database"),
+]
 
 HYPOTHESIS = {
     "deadline": None,

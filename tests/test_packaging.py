@@ -10,9 +10,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.cells import only_in_cells
+
 ROOT = Path(__file__).resolve().parent.parent
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    only_in_cells(
+        "5.2:sqlite", why="building and installing the wheel does not depend on the cell"
+    ),
+]
 
 MIGRATE_FROM_WHEEL = """
 import sys

@@ -20,11 +20,19 @@ from outbox.queue import control, ratelimit
 from outbox.queue.ratelimit import Limit, take
 from outbox.status import collect, render
 from outbox.sweeper import Sweeper
+from tests.cells import only_in_cells
 from tests.checking import outbox_checks
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_send_timeout import use_smtp
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [
+    pytest.mark.django_db(transaction=True),
+    only_in_cells(
+        "5.2:postgres",
+        "6.1:sqlite",
+        why="the limits live in Redis; one cell per Django version and per database",
+    ),
+]
 
 Status = Delivery.Status
 
