@@ -49,9 +49,8 @@ which no server takes from Django either.
 
 The structure (content types in walk order, charsets, transfer encodings,
 Content-ID, dispositions, file names, decoded payloads) is compared before the
-bytes so that a failure reads as what differs. What the property found and is
-not fixed yet is left out of the strategies (``KNOWN_DIFFERENCES``) and kept
-as strict xfail tests at the end.
+bytes so that a failure reads as what differs. What the property found is
+fixed, and each finding's minimal example is kept as a test at the end.
 
 The number of examples: OUTBOX_TEST_FIDELITY_EXAMPLES (default 50) and
 OUTBOX_TEST_FIDELITY_SMTP_EXAMPLES (default 15); --hypothesis-show-statistics
@@ -111,10 +110,6 @@ HYPOTHESIS = {
         HealthCheck.data_too_large,
     ],
 }
-
-# What this property found and the strategies leave out until it is fixed, each
-# with its minimal example as a strict xfail test at the end of this module.
-KNOWN_DIFFERENCES: set[str] = set()
 
 # --- Text -------------------------------------------------------------------
 
@@ -260,9 +255,8 @@ RFC822 = (
 @st.composite
 def alternatives(draw: Any, chars: str) -> list[tuple[Any, str]]:
     kinds = ["html", "calendar", "plain", "json bytes", "html bytes"]
-    kinds = st.sampled_from([k for k in kinds if k not in KNOWN_DIFFERENCES])
     result = []
-    for kind in draw(st.lists(kinds, max_size=3)):
+    for kind in draw(st.lists(st.sampled_from(kinds), max_size=3)):
         if kind == "html":
             result.append((f"<p>{draw(multiline(chars))}</p>", "text/html"))
         elif kind == "html bytes":  # Django 6 decodes them as UTF-8; 5.2 fails (AttributeError)
@@ -360,12 +354,8 @@ def attachments(draw: Any, chars: str) -> list[Any]:
     result: list[Any] = []
     kinds = ["text", "text bytes", "text not UTF-8", "binary", "str binary", "rfc822", "guessed"]
     kinds += ["part", "attached message"]
-    if "message/rfc822" in KNOWN_DIFFERENCES:
-        kinds = [k for k in kinds if k not in ("rfc822", "attached message")]
     for kind in draw(st.lists(st.sampled_from(kinds), max_size=3)):
         name = draw(st.sampled_from(FILE_NAMES))
-        if name == "" and "empty file name" in KNOWN_DIFFERENCES:
-            name = None
         if kind == "part":
             result.append(
                 Part(
@@ -387,8 +377,7 @@ def attachments(draw: Any, chars: str) -> list[Any]:
             )
             result.append((name, draw(st.binary(max_size=300)), mimetype))
         elif kind == "str binary":  # a str for a non-text type: Django encodes it
-            legacy = not MODERN and "5.2 non-ASCII str file" in KNOWN_DIFFERENCES
-            result.append((name, draw(words(ASCII if legacy else chars)), "application/json"))
+            result.append((name, draw(words(chars)), "application/json"))
         elif kind == "rfc822":
             result.append((name, RFC822, "message/rfc822"))
         elif kind == "attached message":  # a Django message, with the headers that vary fixed
