@@ -293,6 +293,29 @@ def test_the_fence_is_asked_before_smtps_final_dot(may, settings, smtp_server):
     assert asked == [0]  # asked once, with the body written and nothing accepted yet
 
 
+def test_the_fenced_dot_is_not_held_back_by_nagle(settings, smtp_server):
+    """The dot is a write of its own after the body's: it must leave at once.
+
+    With Nagle's algorithm on, the kernel holds that small write until the
+    body is acknowledged, and the server acknowledges late (delayed ACK,
+    about 40 ms on Linux) because it answers only after the dot.
+    """
+    import socket
+
+    from outbox.mail.handover import watch_handover
+
+    unfenced = smtp_backend(settings, smtp_server.port)
+    unfenced.open()
+    watch_handover(unfenced)  # no fence: one write, the socket as smtplib made it
+    assert unfenced.connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+    unfenced.close()
+    backend = smtp_backend(settings, smtp_server.port)
+    backend.open()
+    watch_handover(backend, fence=lambda: True)
+    assert backend.connection.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+    backend.close()
+
+
 def test_a_lease_that_runs_out_mid_send_releases_the_row(settings, smtp_server, outbox_mail):
     """Frozen after the check before the send, declared dead meanwhile: the dot is never sent."""
     enqueue_email("s", "b", None, ["a@example.com"])

@@ -92,6 +92,8 @@ def watch_handover(backend: BaseEmailBackend, fence: Callable[[], bool] | None =
         bound_connection(connection, budget)
     state = _Handover()
     state.fence = fence
+    if fence is not None:
+        _send_small_writes_at_once(connection)
     # Instance attributes shadow the class's methods for this connection only;
     # smtplib calls them as self.send / self.data.
     setattr(connection, "send", _watching_send(connection, connection.send, state))  # noqa: B010
@@ -119,6 +121,24 @@ def _watching_send(connection: smtplib.SMTP, original_send: _Send, state: _Hando
             state.handed_over = True
 
     return send
+
+
+def _send_small_writes_at_once(connection: smtplib.SMTP) -> None:
+    """Turn Nagle's algorithm off on the connection's TCP socket.
+
+    With the fence, the final ".\r\n" is a write of its own right after the
+    body's. Nagle would hold it until the body's bytes are acknowledged, and
+    the server, which answers only after the dot, acknowledges them only when
+    its delayed-ACK timer fires: about 40 ms on Linux, added to every send
+    (measured: 73 ms instead of 25 ms per message to a server that takes 20).
+    """
+    sock = getattr(connection, "sock", None)
+    if sock is None or sock.family not in (socket.AF_INET, socket.AF_INET6):
+        return
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:  # not a TCP socket after all: nothing to turn off
+        pass
 
 
 def _tail(s: bytes | str) -> bytes:
