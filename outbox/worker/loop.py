@@ -41,6 +41,13 @@ logger = logging.getLogger("outbox.worker")
 Status = Delivery.Status
 Outcome = Attempt.Outcome
 
+# An idle thread keeps its mail connections open this long after its last
+# send: mail that trickles in then does not pay a new connection (TCP, the
+# greeting, EHLO) per message. The connection waits at most this plus one
+# BLOCK_TIMEOUT, far below the minutes servers allow an idle client (RFC 5321
+# section 4.5.3.2.7: at least 5), so no server times it out under a send.
+KEEP_OPEN_SECONDS = 1.0
+
 
 class SenderLoop:
     """The claim-mark-send-settle loop of one thread of a :class:`Worker`."""
@@ -63,6 +70,7 @@ class SenderLoop:
         self.pause = Backoff(worker)
         self.sending_generation = worker.generation  # of the row being sent
         self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
+        self.last_send = 0.0  # time.monotonic() when a send last ended
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
@@ -151,8 +159,9 @@ class SenderLoop:
         return False
 
     def _idle(self, paused: bool = False) -> None:
-        # Idle: close rather than let the server time us out mid-send.
-        self.connections.close_open()
+        # Idle for a while: close rather than let the server time us out mid-send.
+        if paused or time.monotonic() - self.last_send >= KEEP_OPEN_SECONDS:
+            self.connections.close_open()
         wait_idle(self.worker, self.pause, paused)
 
     def _hold_while_paused(self) -> None:
@@ -292,6 +301,7 @@ class SenderLoop:
             self.gate.on_send_error(started, exc, connecting=True)
             return failure(started, exc, self.worker.clock.now())
         settlement = self._send(started, link.backend)
+        self.last_send = time.monotonic()
         if settlement.outcome not in (Outcome.SENT, Outcome.CANCELLED):
             link.close()
         return settlement
