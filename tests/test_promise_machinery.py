@@ -197,12 +197,12 @@ def test_no_send_without_a_live_lease(queue, outbox_mail):
     assert loop._claim()
     started = loop._mark(loop.pending.popleft())
     assert started is not None
-    settlement = loop._send(started, None)  # type: ignore[arg-type]
+    settlement = loop.sender.send(started, None)  # type: ignore[arg-type]
     assert isinstance(settlement, Settlement) and settlement.outcome == "released"
     assert outbox_mail == []
     worker.beat()  # a heartbeat renews the lease
     assert worker.lease_left() > 0
-    assert loop._send(started, loop.connections.get("").backend).outcome == "sent"
+    assert loop.sender.send(started, loop.sender.connections.get("").backend).outcome == "sent"
     assert len(outbox_mail) == 1
 
 
@@ -325,11 +325,11 @@ def test_a_lease_that_runs_out_mid_send_releases_the_row(settings, smtp_server, 
     assert loop._claim()
     started = loop._mark(loop.pending.popleft())
     assert started is not None
-    link = loop.connections.get("")
+    link = loop.sender.connections.get("")
     link.ensure_open()
     answers = iter([100.0, -1.0])  # alive at the check before the send, gone at the dot
     worker.lease_left = lambda: next(answers)  # type: ignore[method-assign]
-    settlement = loop._send(started, link.backend)
+    settlement = loop.sender.send(started, link.backend)
     assert settlement.outcome == "released"
     assert smtp_server.count() == 0
 

@@ -26,7 +26,7 @@ The steps (rules), each through the code path the app itself uses:
     that gets nothing writes the outcome in hand alone), *mark*
     (``SenderLoop._mark()``: the previous outcome and the next row's
     ``processing`` UPDATE in one commit, one statement on PostgreSQL) and
-    *send* (``SenderLoop._deliver()``; the server accepts, refuses for now
+    *send* (``Sender.deliver()``; the server accepts, refuses for now
     with 451, refuses for good with 550, or takes the message and cuts the
     connection: ``AmbiguousDeliveryError``).
 ``lifecycle``
@@ -504,10 +504,10 @@ class ProtocolMachine(RuleBasedStateMachine):
         self.note(f"mark: {what}" + (", previous outcome in the same commit" if settling else ""))
 
     def _send(self, t: SimThread, answer: str) -> None:
-        """SenderLoop._deliver() on a server that answers ``answer``."""
+        """Sender.deliver() on a server that answers ``answer``."""
         assert t.in_hand is not None
         t.backend.plan = answer
-        t.loop.settlement = t.loop._deliver(t.in_hand)
+        t.loop.settlement = t.loop.sender.deliver(t.in_hand)
         t.in_hand = None
         self.note(f"send: {answer} -> {t.loop.settlement.outcome}")
 
@@ -921,7 +921,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         for w in list(self.workers):
             for t in w.threads:
                 if t.in_hand is not None:
-                    t.loop.settlement = t.loop._deliver(t.in_hand)
+                    t.loop.settlement = t.loop.sender.deliver(t.in_hand)
                     t.in_hand = None
             self._stop(w)
         control.resume(queue=self.queue)

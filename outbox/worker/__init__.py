@@ -10,7 +10,8 @@ the other threads' (``group_commit``). Why this order is safe, crash by
 crash, is tabled in ``outbox/PROTOCOL.md``.
 
 The rooms: ``process`` (incarnation, threads, signals, heartbeat, lease),
-``supervisor`` (``--processes``), ``loop`` (one thread's loop), ``host``
+``supervisor`` (``--processes``), ``loop`` (one thread's loop), ``send``
+(one thread's sends and mail connections), ``host``
 (what the rooms need from the process), ``sql`` (the statements run),
 ``claimed`` (what a claim gave a thread), ``gate`` (rate limits and pauses),
 ``outcomes`` (what an outcome is and how it is written), ``report``,

@@ -1,8 +1,8 @@
 """One sender thread's loop: claim ids, mark a row, send it, settle it, repeat.
 
 The loop reads as the protocol does (see the package docstring): each step is
-one call into the room that owns it (``sql``, ``claimed``, ``outcomes``,
-``gate``, ``connections``, ``backoff``); this holds their order, the retries
+one call into the room that owns it (``sql``, ``claimed``, ``send``,
+``outcomes``, ``gate``, ``backoff``); this holds their order, the retries
 between them, and the thread's state in named attributes of :class:`SenderLoop`.
 """
 
@@ -21,32 +21,22 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
-from ..exceptions import DeliveryError, SendFencedError
-from ..mail import valve
-from ..mail.message import build_message
 from ..models import Attempt, Delivery
 from ..queue.entries import Claimed, QueueEntry
 from . import sql
 from .backoff import Backoff, drop_db_connection, wait_idle
 from .claimed import started_from
-from .connections import Connections
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import Settlement, Started, failure, persist, sent_but_not_ours, write_outcome
+from .outcomes import Settlement, Started, persist, sent_but_not_ours, write_outcome
 from .report import announce
+from .send import Sender
 
 logger = logging.getLogger("outbox.worker")
 
 Status = Delivery.Status
 Outcome = Attempt.Outcome
-
-# An idle thread keeps its mail connections open this long after its last
-# send: mail that trickles in then does not pay a new connection (TCP, the
-# greeting, EHLO) per message. The connection waits at most this plus one
-# BLOCK_TIMEOUT, far below the minutes servers allow an idle client (RFC 5321
-# section 4.5.3.2.7: at least 5), so no server times it out under a send.
-KEEP_OPEN_SECONDS = 1.0
 
 
 class SenderLoop:
@@ -56,7 +46,6 @@ class SenderLoop:
         self.worker = worker
         self.index = index
         # The default connection (``backend``) and, created on first use, one per mailer.
-        self.connections = Connections(backend, fence=self._may_hand_over)
         self.pending: deque[Claimed] = deque()  # claimed from Redis, not yet looked at
         self.acks: list[int] = []  # finished since the last claim (forgotten by the next)
         self.tokens: dict[int, uuid.UUID] = {}  # to reuse when a step must be retried
@@ -68,9 +57,10 @@ class SenderLoop:
         self.nonce: str | None = None  # the claim to repeat after a lost reply
         self.generation = worker.generation
         self.pause = Backoff(worker)
-        self.sending_generation = worker.generation  # of the row being sent
         self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
-        self.last_send = 0.0  # time.monotonic() when a send last ended
+        # Step 3: the mail connections (the default one, ``backend``, and one
+        # per mailer) and the send under the lease.
+        self.sender = Sender(worker, self.gate, backend)
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
@@ -94,13 +84,13 @@ class SenderLoop:
                     continue
                 if self._held(started):
                     continue
-                self.settlement = self._deliver(started)
+                self.settlement = self.sender.deliver(started)
                 if self.worker.count_handled():
                     break
         finally:
             self._settle_alone()
             self._give_back()
-            self.connections.close_mailers()
+            self.sender.close_mailers()
 
     def _wait_for_the_lease(self) -> None:
         """No heartbeat renewed the lease lately (Redis away, or we were frozen).
@@ -159,9 +149,7 @@ class SenderLoop:
         return False
 
     def _idle(self, paused: bool = False) -> None:
-        # Idle for a while: close rather than let the server time us out mid-send.
-        if paused or time.monotonic() - self.last_send >= KEEP_OPEN_SECONDS:
-            self.connections.close_open()
+        self.sender.idle(paused)
         wait_idle(self.worker, self.pause, paused)
 
     def _hold_while_paused(self) -> None:
@@ -287,56 +275,6 @@ class SenderLoop:
         if s is not None and not changed:
             changed = sent_but_not_ours(s, now)
         return changed, claimed
-
-    # -- step 3: send -----------------------------------------------------------
-
-    def _deliver(self, started: Started) -> Settlement:
-        """Hand the message to its mailer's backend; returns the outcome to write."""
-        try:
-            link = self.connections.get(started.email.mailer)
-            link.ensure_open()
-        except Exception as exc:
-            # Cannot reach the mail server (or this host has no such mailer):
-            # nothing was handed over.
-            self.gate.on_send_error(started, exc, connecting=True)
-            return failure(started, exc, self.worker.clock.now())
-        settlement = self._send(started, link.backend)
-        self.last_send = time.monotonic()
-        if settlement.outcome not in (Outcome.SENT, Outcome.CANCELLED):
-            link.close()
-        return settlement
-
-    def _may_hand_over(self) -> bool:
-        """The fence asked right before SMTP's final dot: the same as before the send."""
-        return self.sending_generation == self.worker.generation and self.worker.lease_left() > 0
-
-    def _send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
-        if started.generation != self.worker.generation or self.worker.lease_left() <= 0:
-            # Declared dead since the claim, or no heartbeat has renewed the
-            # lease lately (we were frozen, or Redis is away): the sweeper may
-            # already have acted on this row, or may before the send ends.
-            logger.warning(
-                "delivery %s: no live lease before sending; releasing it", started.delivery.pk
-            )
-            return Settlement(started, Outcome.RELEASED, "lease expired before sending")
-        self.sending_generation = started.generation
-        try:
-            built = self.worker.emails.builds(started.email)
-            message = build_message(started.delivery, started.email, started.attachments, built)
-            # The staging valve's guarantee is given here, on the copy as built (mail/valve.py).
-            message, note = valve.admit(message, started.delivery.recipient)
-            if backend.send_messages([message]) != 1:
-                raise DeliveryError("the email backend reported the message as not sent")
-        except valve.NotAllowedRecipient as exc:
-            return Settlement(started, Outcome.CANCELLED, str(exc))
-        except SendFencedError as exc:
-            logger.warning("delivery %s: %s; releasing it", started.delivery.pk, exc)
-            return Settlement(started, Outcome.RELEASED, str(exc))
-        except Exception as exc:
-            self.gate.on_send_error(started, exc, connecting=False)
-            return failure(started, exc, self.worker.clock.now())
-        fault("after_send")
-        return Settlement(started, Outcome.SENT, note)
 
     # -- step 4 on its own, and giving back ---------------------------------------
 
