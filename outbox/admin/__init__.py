@@ -1,18 +1,19 @@
 """The operator's admin: deliveries, templates and suppressions, and the dashboard.
 
-``deliveries`` (the list, the detail and the actions), ``content`` (email
-templates and suppressions), ``dashboard`` and its ``control_panel`` (pause and
-resume), with the small parts they share: ``cells`` (how a value is shown) and
-``paginator``. The default admin site gets the dashboard at
+``deliveries`` (the list, the detail and the actions), ``emails`` (what was
+enqueued, with its deliveries and attachments), ``content`` (email templates
+and suppressions), ``dashboard`` and its ``control_panel`` (pause and
+resume), with the small parts they share: ``cells`` (how a value is shown),
+``inlines`` and ``paginator``. The default admin site gets the dashboard at
 ``/admin/outbox/dashboard/``; a project with its own ``AdminSite`` calls
 ``outbox.admin.install_dashboard(its_site)``.
 """
 
 from django.contrib import admin
 
-from . import content, deliveries
+from . import content, deliveries, emails
 from .dashboard import install as install_dashboard
 
 install_dashboard(admin.site)
 
-__all__ = ["content", "deliveries", "install_dashboard"]
+__all__ = ["content", "deliveries", "emails", "install_dashboard"]

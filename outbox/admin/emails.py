@@ -1,0 +1,140 @@
+"""The emails: what was enqueued once, with its deliveries and attachments below.
+
+Read-only, like the deliveries. An email may have 100,000 deliveries: its page
+lists the first hundred and counts the rest by status in one query.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.db.models import Count, QuerySet
+from django.db.models.functions import Length
+from django.forms.models import BaseInlineFormSet
+from django.http import HttpRequest
+from django.template.defaultfilters import filesizeformat
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.safestring import SafeString
+from django.utils.text import Truncator
+from django.utils.translation import gettext, ngettext
+from django.utils.translation import gettext_lazy as _
+
+from ..models import Attachment, Delivery, Email
+from .cells import status_badge
+from .inlines import PartOfParentInline, ReadOnlyInline
+from .paginator import EstimatedCountPaginator
+
+Status = Delivery.Status
+
+
+class FirstRowsInlineFormSet(BaseInlineFormSet):
+    """Shows only the first :attr:`limit` related rows: an email may have 100,000."""
+
+    limit = 100
+
+    def get_queryset(self) -> QuerySet[Any]:
+        queryset = super().get_queryset()
+        if not queryset.query.is_sliced:
+            queryset = self._queryset = queryset[: self.limit]
+        return queryset
+
+
+class DeliveryInline(ReadOnlyInline):
+    model = Delivery
+    formset = FirstRowsInlineFormSet
+    fields = ("recipient", "status_display", "attempts", "sent_at", "updated_at", "message_id")
+    readonly_fields = fields
+    show_change_link = True
+
+    @admin.display(description=_("status"))
+    def status_display(self, obj: Delivery) -> SafeString:
+        return status_badge(obj.status)
+
+
+class AttachmentInline(PartOfParentInline):
+    model = Attachment
+    fields = ("name", "mimetype", "size")
+    readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attachment]:
+        # The size comes from the database; the content itself is never loaded.
+        return super().get_queryset(request).defer("content").annotate(size=Length("content"))
+
+    @admin.display(description=_("size"))
+    def size(self, obj: Attachment) -> str:
+        size: int = getattr(obj, "size")  # noqa: B009 (an annotation, unknown to the type)
+        if size < 1024:
+            return filesizeformat(size)
+        return ngettext("%(size)s (%(count)d byte)", "%(size)s (%(count)d bytes)", size) % {
+            "size": filesizeformat(size),
+            "count": size,
+        }
+
+
+@admin.register(Email)
+class EmailAdmin(admin.ModelAdmin):
+    list_display = ("subject_display", "from_email", "created_at")
+    list_filter = ("created_at",)
+    search_fields = ("subject",)
+    ordering = ("-id",)
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    paginator = EstimatedCountPaginator
+    actions = None
+    fields = (
+        "subject",
+        "from_email",
+        "mailer",
+        "reply_to",
+        "headers",
+        "structure",
+        "created_at",
+        "deliveries_summary",
+        "body",
+        "html_message",
+    )
+    readonly_fields = fields
+    inlines = (DeliveryInline, AttachmentInline)
+
+    @admin.display(description=_("subject"), ordering="subject")
+    def subject_display(self, obj: Email) -> str:
+        return Truncator(obj.subject).chars(80)
+
+    @admin.display(description=_("deliveries"))
+    def deliveries_summary(self, obj: Email) -> SafeString:
+        counts = dict(
+            obj.deliveries.order_by()
+            .values("status")
+            .annotate(n=Count("pk"))
+            .values_list("status", "n")
+        )
+        total = sum(counts.values())
+        url = reverse(f"{self.admin_site.name}:outbox_delivery_changelist")
+        by_status = format_html_join(
+            ", ",
+            "{} {}",
+            ((counts[s], Status(s).label) for s in Status.values if s in counts),
+        )
+        limit = FirstRowsInlineFormSet.limit
+        return format_html(
+            '{}: {}. {} <a href="{}?email__id__exact={}">{}</a>',
+            ngettext("%(count)d delivery", "%(count)d deliveries", total) % {"count": total},
+            by_status or "-",
+            gettext("The first %(limit)d are listed below.") % {"limit": limit}
+            if total > limit
+            else "",
+            url,
+            obj.pk,
+            gettext("Show them in the delivery list"),
+        )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Email | None = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Email | None = None) -> bool:
+        return False
