@@ -192,7 +192,10 @@ def check_address_as_django(field: str, value: Any) -> str:
         # takes: the parse below refuses that on 5.2 too.
         try:
             sanitize_address(value, "utf-8")
-        except (ValueError, IndexError):
+        except (ValueError, IndexError, AttributeError, TypeError):
+            # Some malformed input ('<>', '.x <\x9f@example.com>') makes the email
+            # package's parser, or Django's use of it, fail with AttributeError or
+            # TypeError instead of ValueError: Django 5.2 could not send it either.
             raise _not_an_address(field, value) from None
     try:
         parsed = AddressHeader.value_parser(value)

@@ -12,6 +12,7 @@ import re
 from datetime import datetime
 from datetime import timezone as dt_timezone
 from email.mime.base import MIMEBase
+from typing import Any
 
 import pytest
 from django.core.mail import EmailMessage, EmailMultiAlternatives
@@ -177,6 +178,19 @@ def test_input_errors_are_djangos_too(outbox):
     assert "headers" in info.value.message_dict
     with pytest.raises(ValueError):
         EmailMessage("s", "b", None, ["a@@example.com"]).send()
+    assert Email.objects.count() == 0
+
+
+@pytest.mark.parametrize("address", ["<>", ".vä <\x9f@example.com>"])
+@pytest.mark.parametrize("field", ["to", "from_email", "reply_to"])
+def test_addresses_the_email_parser_trips_on_are_refused_as_invalid(outbox, field, address):
+    """Found by fuzzing: on Django 5.2 these made sanitize_address() raise TypeError and
+    AttributeError from inside the email package, not a validation error."""
+    fields: dict[str, Any] = {"to": ["a@example.com"], "from_email": None, "reply_to": None}
+    fields[field] = address if field == "from_email" else [address]
+    with pytest.raises(InvalidEmailError) as info:
+        EmailMessage("s", "b", **fields).send()
+    assert field in info.value.message_dict
     assert Email.objects.count() == 0
 
 
