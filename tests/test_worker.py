@@ -416,6 +416,50 @@ def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     assert queue.push([QueueEntry(claimed[0].id, "normal", 0)]) == 0  # already back
 
 
+def test_a_claim_takes_its_fair_share_of_a_short_backlog(queue):
+    """At most ceil(ready / share) ids, at least one; a long backlog, CLAIM_BATCH at a time."""
+    worker_id = "w#1"
+    queue.register(worker_id)
+    queue.push([QueueEntry(i, "normal", 0) for i in range(1, 7)])
+    assert len(queue.claim(worker_id, 10, share=4).items) == 2  # 6 ready: ceil(6 / 4)
+    assert len(queue.claim(worker_id, 10, share=4).items) == 1  # 4 ready
+    assert len(queue.claim(worker_id, 10, share=1).items) == 3  # one thread takes all
+    queue.push([QueueEntry(i, "normal", 0) for i in range(100, 150)])
+    assert len(queue.claim(worker_id, 10, share=4).items) == 10  # 50 ready: the batch
+    assert len(queue.claim(worker_id, 1, share=4).items) == 1
+
+
+class MeetingBackend(locmem.EmailBackend):
+    """Each send waits until four sends are under way at once."""
+
+    meeting = threading.Barrier(4)
+    met: list[str] = []
+
+    def send_messages(self, email_messages):
+        try:
+            self.meeting.wait(timeout=10)
+        except threading.BrokenBarrierError:
+            pass
+        else:
+            self.met.append(email_messages[0].to[0])
+        return super().send_messages(email_messages)
+
+
+def test_a_short_backlog_is_spread_over_the_idle_threads(settings, outbox_mail):
+    """Four ready emails and four threads: four sends at once, not one thread's four in a row.
+
+    With a 20 ms server, the tenth id of a claim of ten waited ~200 ms behind
+    the thread that claimed it while the other threads idled.
+    """
+    settings.OUTBOX = {**settings.OUTBOX, "EMAIL_BACKEND": f"{__name__}.MeetingBackend"}
+    MeetingBackend.meeting = threading.Barrier(4)
+    MeetingBackend.met = []
+    enqueue_email("s", "b", None, [f"r{i}@example.com" for i in range(4)])
+    burst(concurrency=4)
+    assert sorted(MeetingBackend.met) == [f"r{i}@example.com" for i in range(4)]
+    assert Delivery.objects.filter(status=Status.SENT).count() == 4
+
+
 @pytest.mark.parametrize(
     ("functions", "pattern"), [(True, "%outbox_step(%"), (False, "%claimed AS%")]
 )

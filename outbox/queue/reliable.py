@@ -192,10 +192,12 @@ class RedisQueue:
         thread: int = 0,
         nonce: str = "",
         acks: Sequence[int] = (),
+        share: int = 1,
     ) -> ClaimResult:
         """Forget ``acks``, promote due ids, then claim up to ``count`` ids.
 
-        One round trip. Claimed ids sit in the incarnation's processing list
+        One round trip. With ``share`` > 1 (the caller's threads), at most
+        ceil(ready / share) of them, and at least one: see ``lua/claim.lua``. Claimed ids sit in the incarnation's processing list
         until acknowledged, so a crash leaves them for the sweeper. Calling
         again with the same ``thread`` and ``nonce`` after an error returns
         the ids of the call whose reply was lost instead of claiming more;
@@ -203,7 +205,7 @@ class RedisQueue:
         """
         raw = self._script("claim")(
             keys=[*self._keys(worker_id), self.control_key],
-            args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, len(acks), *acks],
+            args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, share, len(acks), *acks],
         )
         if not int(raw[1]):
             return ClaimResult(float(raw[0]), False, [])

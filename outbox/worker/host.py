@@ -25,6 +25,7 @@ class WorkerHost(Protocol):
     worker_id: str  # the current incarnation
     generation: int  # bumped at every new incarnation
     burst: bool
+    concurrency: int  # sender threads: those a claim shares the ready ids among
     queue: RedisQueue
     clock: RedisClock
     control: ControlView

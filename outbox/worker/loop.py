@@ -118,7 +118,12 @@ class SenderLoop:
         self.nonce = self.nonce or self._new_token().hex
         try:
             result = self.worker.queue.claim(
-                worker_id, want, thread=self.index, nonce=self.nonce, acks=self.acks
+                worker_id,
+                want,
+                thread=self.index,
+                nonce=self.nonce,
+                acks=self.acks,
+                share=self.worker.concurrency,
             )
             # Read with the claim; a lost switch hash is restored here (same nonce
             # on a retry, so the ids of this claim are not lost either).

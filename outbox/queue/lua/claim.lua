@@ -1,7 +1,14 @@
 -- A worker thread's round trip: forget the ids it has finished, promote due
 -- scheduled ids, then move up to `count` ids into its processing list, high
 -- priority first, taking them out of the dedup set in the same step.
--- ARGV: incarnation, count, promote_limit, thread, nonce, n_acks, ack ids...
+-- ARGV: incarnation, count, promote_limit, thread, nonce, share, n_acks, ack ids...
+--
+-- `share`: how many threads the backlog is shared among (the caller's
+-- worker process). A thread takes at most its fair part of what is ready,
+-- ceil(ready / share), and at least one id: a short backlog is spread over
+-- idle threads instead of waiting behind one thread's sends (with a 20 ms
+-- server, the tenth id of a batch of ten waited ~200 ms), while a long one is
+-- still claimed `count` at a time.
 -- Returns: Redis time, registered (1/0), the control hash (flat field/value
 -- list; only when registered), then id1, prio1, id2, prio2, ...
 -- KEYS[11] is the operator's control hash (outbox/queue/control.py): it rides along
@@ -23,10 +30,10 @@ if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {time_reply(now), 0}
 end
 local out = {time_reply(now), 1, redis.call('HGETALL', KEYS[11])}
-local n_acks = tonumber(ARGV[6])
+local n_acks = tonumber(ARGV[7])
 local function apply_acks(from)
   for i = from + 1, n_acks do
-    redis.call('LREM', KEYS[9], -1, ARGV[6 + i])
+    redis.call('LREM', KEYS[9], -1, ARGV[7 + i])
   end
 end
 -- An empty nonce (a caller that never retries) neither replays nor is recorded.
@@ -58,6 +65,12 @@ if redis.call('HEXISTS', KEYS[11], 'paused') == 1 then
 end
 promote(now, tonumber(ARGV[3]))
 local count = tonumber(ARGV[2])
+local share = tonumber(ARGV[6])
+if share > 1 and count > 1 then
+  local ready = redis.call('LLEN', KEYS[3]) + redis.call('LLEN', KEYS[4])
+    + redis.call('LLEN', KEYS[5])
+  count = math.max(1, math.min(count, math.ceil(ready / share)))
+end
 local taken = {}  -- id1, prio1, id2, prio2, ...
 local n = 0
 for prio = 1, 3 do
