@@ -13,7 +13,7 @@ What is here, in the order an email meets it:
 - ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
   path (any outcome other than a success);
 - the PL/pgSQL functions behind the ``..._CALL`` statements are in
-  ``functions.py`` next to this (migrations 0005, 0008 and 0011 create them).
+  ``functions.py`` next to this (migrations 0005, 0008, 0011 and 0012 create them).
 
 The code that runs them is in ``outbox/worker/sql.py`` and
 ``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
@@ -194,17 +194,13 @@ SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worke
 """
 
 # Several threads' steps in one statement, so in one commit (the worker's group
-# commit, ``outbox/worker/group_commit.py``): STEP_FUNCTION_V2 once per step, in
-# order. The function is VOLATILE, so each call sees the rows the calls before it
-# wrote: a row claimed twice in one batch goes to one of them only.
+# commit, ``outbox/worker/group_commit.py``): STEPS_FUNCTION_V1, two set-based
+# UPDATEs for the whole batch; functions.py says why each step's row is what the
+# step would give alone (a row claimed twice in one batch goes to one of them only).
 STEPS_CALL = """
-SELECT s.* FROM unnest(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],
+SELECT * FROM outbox_steps(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],
     %(claim_ids)s::bigint[], %(workers)s::varchar[], %(tokens)s::uuid[],
-    %(nows)s::timestamptz[], %(knowns)s::bigint[])
-    WITH ORDINALITY AS r(settle_id, settle_token, claim_id, worker, token, now, known, n)
-CROSS JOIN LATERAL outbox_step(r.settle_id, r.settle_token, r.claim_id, r.worker, r.token,
-    r.now, r.known, %(expired)s) AS s
-ORDER BY r.n
+    %(nows)s::timestamptz[], %(knowns)s::bigint[], %(expired)s)
 """
 
 # An email's content, when the claim did not bring it.

@@ -5,7 +5,7 @@ one) is one commit. Alone, every email pays a round trip, a statement and a
 WAL flush of its own, and on PostgreSQL that is most of what a delivery costs.
 Threads that reach their step while another thread's step is being written
 wait, and the next of them writes all of theirs at once: one statement (the
-PL/pgSQL function once per step, ``STEPS_CALL``) or one transaction (SQLite,
+PL/pgSQL function ``outbox_steps``, ``STEPS_CALL``) or one transaction (SQLite,
 or PostgreSQL without the functions), so one commit.
 
 What does not change: a thread still hands its next message to the mail

@@ -194,7 +194,7 @@ def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
 
 
 def _steps_postgresql(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
-    # One statement: outbox_step() once per step, in order, in one transaction.
+    # One statement, so one transaction: outbox_steps(), a row per step, in order.
     with binding_cursor(db) as cursor:
         cursor.execute(
             postgresql.STEPS_CALL,

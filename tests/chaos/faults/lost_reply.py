@@ -7,7 +7,7 @@ Three requests, each the next one any proxied worker sends (see network.py):
   worker (or redis-py, for a proxied worker that keeps its retries) runs the
   claim again with the same nonce, which must hand back the same ids;
 - ``lost-step``: the PostgreSQL step (``outbox_step(`` of STEP_CALL and
-  STEPS_CALL, the plain STEP's ``WITH settled AS``, or a prepared one's
+  ``outbox_steps(`` of STEPS_CALL, the plain STEP's ``WITH settled AS``, or a prepared one's
   parameters). It committed: the
   previous row is ``sent``, the next ``processing`` under the worker's token; the
   worker reconnects and runs it again with the same tokens;
@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 # The statement's text goes with its first run on a connection; with psycopg's
 # prepared statements (tests/run.sh's 6.1:postgres cell) later runs send only
 # their parameters, among them EXPIRED_ERROR (the step's and the claim's own).
-STEP = re.compile(rb"outbox_step\(|WITH settled AS \(|expired: not sent before its expires_at")
+STEP = re.compile(rb"outbox_steps?\(|WITH settled AS \(|expired: not sent before its expires_at")
 
 
 def script_sha(name: str) -> bytes:
