@@ -205,14 +205,16 @@ class RedisQueue:
         """
         raw = self._script("claim")(
             keys=[*self._keys(worker_id), self.control_key],
-            args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, share, len(acks), *acks],
+            args=[worker_id, count, PROMOTE_LIMIT, thread, nonce, share, ",".join(map(str, acks))],
         )
         if not int(raw[1]):
             return ClaimResult(float(raw[0]), False, [])
         flat = [decode(v) for v in raw[2]]
         control = dict(zip(flat[::2], flat[1::2], strict=True))
+        taken = decode(raw[3]).split(",") if raw[3] else []
         items = [
-            Claimed(int(raw[i]), PRIORITY_NAME[int(raw[i + 1])]) for i in range(3, len(raw), 2)
+            Claimed(int(taken[i]), PRIORITY_NAME[int(taken[i + 1])])
+            for i in range(0, len(taken), 2)
         ]
         return ClaimResult(float(raw[0]), True, items, control)
 

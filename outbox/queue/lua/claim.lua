@@ -1,7 +1,7 @@
 -- A worker thread's round trip: forget the ids it has finished, promote due
 -- scheduled ids, then move up to `count` ids into its processing list, high
 -- priority first, taking them out of the dedup set in the same step.
--- ARGV: incarnation, count, promote_limit, thread, nonce, share, n_acks, ack ids...
+-- ARGV: incarnation, count, promote_limit, thread, nonce, share, ack ids ("id,id,...").
 --
 -- `share`: how many threads the backlog is shared among (the caller's
 -- worker process). A thread takes at most its fair part of what is ready,
@@ -9,8 +9,10 @@
 -- idle threads instead of waiting behind one thread's sends (with a 20 ms
 -- server, the tenth id of a batch of ten waited ~200 ms), while a long one is
 -- still claimed `count` at a time.
--- Returns: Redis time, registered (1/0), the control hash (flat field/value
--- list; only when registered), then id1, prio1, id2, prio2, ...
+-- Returns: Redis time, registered (1/0), then only when registered the control
+-- hash (flat field/value list) and the ids claimed, "id1,prio1,id2,prio2,...".
+-- The acks and the ids travel as one string each, not an element per id: the
+-- client's encoding and parsing of each element cost more than the script.
 -- KEYS[11] is the operator's control hash (outbox/queue/control.py): it rides along
 -- with every reply, and while it says `paused` no id is handed out.
 --
@@ -30,10 +32,14 @@ if not redis.call('ZSCORE', KEYS[6], ARGV[1]) then
   return {time_reply(now), 0}
 end
 local out = {time_reply(now), 1, redis.call('HGETALL', KEYS[11])}
-local n_acks = tonumber(ARGV[7])
+local acks = {}
+for ack in string.gmatch(ARGV[7], '[^,]+') do
+  acks[#acks + 1] = ack
+end
+local n_acks = #acks
 local function apply_acks(from)
   for i = from + 1, n_acks do
-    redis.call('LREM', KEYS[9], -1, ARGV[7 + i])
+    redis.call('LREM', KEYS[9], -1, acks[i])
   end
 end
 -- An empty nonce (a caller that never retries) neither replays nor is recorded.
@@ -48,9 +54,7 @@ if last then
       apply_acks(applied)
       redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. n_acks .. '|' .. ids)
     end
-    for item in string.gmatch(ids, '[^,]+') do
-      out[#out + 1] = item
-    end
+    out[4] = ids
     return out
   end
 end
@@ -61,6 +65,7 @@ if redis.call('HEXISTS', KEYS[11], 'paused') == 1 then
   if ARGV[5] ~= '' then
     redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. n_acks .. '|')
   end
+  out[4] = ''
   return out
 end
 promote(now, tonumber(ARGV[3]))
@@ -84,14 +89,13 @@ for prio = 1, 3 do
   end
   if n >= count then break end
 end
+local ids = table.concat(taken, ',')
 if ARGV[5] ~= '' then
-  redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. n_acks .. '|' .. table.concat(taken, ','))
+  redis.call('HSET', KEYS[10], ARGV[4], ARGV[5] .. '|' .. n_acks .. '|' .. ids)
 end
 if n < count then
   -- Nothing is left to take: no token may wake a worker for nothing.
   redis.call('DEL', KEYS[8])
 end
-for _, item in ipairs(taken) do
-  out[#out + 1] = item
-end
+out[4] = ids
 return out
