@@ -68,11 +68,14 @@ class Gate:
     def holds(self, started: Started) -> bool:
         """Give ``started`` back if a switch or a limit holds it; True if it did."""
         delivery = started.delivery
+        current, configured = self.worker.control.current, ratelimit.limits()
+        if not (configured or current.paused_domains or current.slow_domains):
+            return False  # the common case, once per email: nothing can hold it
         domain = ratelimit.domain_of(delivery.recipient)
         now = self.worker.clock.time()
-        until = control.hold_until(self.worker.control.current, domain, now)
+        until = control.hold_until(current, domain, now)
         if until is None:
-            checks = ratelimit.applicable(domain, ratelimit.limits(), started.email.mailer)
+            checks = ratelimit.applicable(domain, configured, started.email.mailer)
             if not checks:
                 return False
             try:

@@ -61,6 +61,8 @@ class SenderLoop:
         # Step 3: the mail connections (the default one, ``backend``, and one
         # per mailer) and the send under the lease.
         self.sender = Sender(worker, self.gate, backend)
+        # Read once: ``connection`` is a thread-local proxy, each read a lookup.
+        self.vendor = connection.vendor
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
@@ -252,17 +254,14 @@ class SenderLoop:
         if self._grouped(s):
             return self._group_step(s, item.id, token, now, self.worker.emails.recent())
         # SQLite: see Worker.sqlite_write_lock.
-        one_writer = (
-            self.worker.sqlite_write_lock if connection.vendor == "sqlite" else nullcontext()
-        )
+        one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic():
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, self.worker.worker_id, token, now)
 
-    @staticmethod
-    def _grouped(s: Settlement | None) -> bool:
+    def _grouped(self, s: Settlement | None) -> bool:
         """Nothing or a success to write: a step for the group commit."""
-        return connection.vendor in ("postgresql", "sqlite") and (
+        return self.vendor in ("postgresql", "sqlite") and (
             s is None or (s.outcome == Outcome.SENT and not s.error)  # a note: see outcomes.py
         )
 
