@@ -395,3 +395,38 @@ def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
     assert by_function == by_plain
     assert by_function[2][-1] == kwargs.get("mailer", "")
     assert len(by_function[1]) == len(kwargs["recipient_list"])
+
+
+# -- POSTGRESQL_FUNCTIONS False at migrate time ---------------------------------------------
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_migrations_create_no_function_while_the_functions_are_off(settings):
+    """A role that may not create functions sets POSTGRESQL_FUNCTIONS False, then migrates."""
+    if connection.vendor != "postgresql":
+        pytest.skip("PL/pgSQL exists on PostgreSQL only")
+    from django.db.migrations.state import StateApps
+
+    from outbox.statements.functions import run_on_postgresql
+
+    def exists() -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_probe'")
+            return cursor.fetchone()[0] == 1
+
+    create = run_on_postgresql(
+        "CREATE FUNCTION outbox_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'"
+    )
+    apps: StateApps = None  # type: ignore[assignment]  # not read
+    try:
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": False}
+        with connection.schema_editor() as editor:
+            create(apps, editor)  # type: ignore[operator]
+        assert not exists()
+        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}
+        with connection.schema_editor() as editor:
+            create(apps, editor)  # type: ignore[operator]
+        assert exists()
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP FUNCTION IF EXISTS outbox_probe()")

@@ -18,6 +18,8 @@ from __future__ import annotations
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.migrations.state import StateApps
 
+from ..conf import outbox_settings
+
 # -- outbox_step: the worker's step (migration 0005, then 0011) -----------------------------
 
 STEP_FUNCTION_V1 = """
@@ -293,10 +295,15 @@ DROP_ENQUEUE_ONE = (
 
 
 def run_on_postgresql(sql: str) -> object:
-    """A RunPython callable that runs ``sql`` on PostgreSQL and does nothing elsewhere."""
+    """A RunPython callable that runs ``sql`` on PostgreSQL and does nothing elsewhere.
+
+    Nothing either while ``OUTBOX["POSTGRESQL_FUNCTIONS"]`` is False: a site
+    whose database role may not create functions sets it before migrating, and
+    the migrations then create none (the plain statements need none).
+    """
 
     def run(apps: StateApps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-        if schema_editor.connection.vendor == "postgresql":
+        if schema_editor.connection.vendor == "postgresql" and outbox_settings.POSTGRESQL_FUNCTIONS:
             schema_editor.execute(sql)
 
     return run
