@@ -38,6 +38,7 @@ import sys
 import time
 from typing import Any
 
+from tests.benchmark import floor
 from tests.benchmark.common import BODY, SENDER, SUBJECT, rcpt, run_timed
 from tests.benchmark.sending import _Sink, _wait, _Workers
 
@@ -153,6 +154,7 @@ class EfficiencyMixin:
             self._latency(100.0),
             self._latency(max(10.0, capacity / 2)),
         ]
+        data["floor"] = self._floors(self.sizes.drain_noop)
         data["load_end"] = os.getloadavg()[0]
         self.extra["efficiency"] = data
         self.log(f"efficiency: {data}")  # type: ignore[attr-defined]
@@ -253,6 +255,24 @@ class EfficiencyMixin:
             out[label] = med
         po = min((out[label] for label in PO_CONFIGS), key=tier)
         out["post_office_best"] = next(label for label in PO_CONFIGS if out[label] is po)
+        return out
+
+    def _floors(self, n: int) -> dict[str, Any]:
+        """What an email costs before our worker's Python (floor.py); run last: it drops indexes."""
+        pg = self._meter_base[0]
+
+        def seed(k: int) -> None:
+            self.seed("outbox", k)  # type: ignore[attr-defined]
+
+        def steps(batch: int) -> dict[str, float]:
+            return floor.steps_floor(n, batch, lambda: tree_cpu(pg), self.reset, seed)  # type: ignore[attr-defined]
+
+        out: dict[str, Any] = {"n": n, "steps": {str(b): steps(b) for b in floor.BATCHES}}
+        out["steps"]["9-noindex"] = floor.without_hot_path_indexes(lambda: steps(9))
+        with _Sink(0.0) as sink:
+            out["send"] = floor.django_send_floor(min(n, 2000), sink.port)
+        self.reset()  # type: ignore[attr-defined]
+        self.log(f"floors: {out}")  # type: ignore[attr-defined]
         return out
 
     def _postfix(self, sink: _Sink) -> dict[str, Any]:
@@ -394,6 +414,7 @@ def efficiency_section(db: str, data: Any) -> list[str]:
                 f"| {_us(r['postfix']) if 'postfix' in r else '-'} | {_us(r['machine'])} "
                 f"| {r['rate']:,.0f} | {r['load']:.1f} |"
             )
+    md += floor.floor_section(data.get("floor"), data["noop"], data["smtp"])
     e = data["enqueue"]
     md += [
         "",
