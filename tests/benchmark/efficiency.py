@@ -265,7 +265,12 @@ class EfficiencyMixin:
             self.seed("outbox", k)  # type: ignore[attr-defined]
 
         def steps(batch: int) -> dict[str, float]:
-            return floor.steps_floor(n, batch, lambda: tree_cpu(pg), self.reset, seed)  # type: ignore[attr-defined]
+            # The median of three: an autovacuum or a checkpoint in one window counts too.
+            runs = [
+                floor.steps_floor(n, batch, lambda: tree_cpu(pg), self.reset, seed)  # type: ignore[attr-defined]
+                for _ in range(3)
+            ]
+            return sorted(runs, key=lambda r: r["postgres"])[1]
 
         out: dict[str, Any] = {"n": n, "steps": {str(b): steps(b) for b in floor.BATCHES}}
         out["steps"]["9-noindex"] = floor.without_hot_path_indexes(lambda: steps(9))

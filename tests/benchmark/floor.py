@@ -10,8 +10,9 @@ Python, and each is measured here with no worker running:
   the group commit's batch: the success of one email and the claim of the next,
   per step) over n queued rows, in batches of 1, 9 (what the group commit wrote
   per commit in the no-op run) and 16, and counts PostgreSQL's CPU only (this
-  process's is left out). Once more with the secondary indexes the two UPDATEs
-  write dropped: the most that pruning indexes could save.
+  process's is left out), the median of three runs each. Once more with the
+  secondary indexes the two UPDATEs write dropped: the most that pruning indexes
+  could save.
 - **Django's SMTP send.** Our worker and post_office both hand each message to
   Django's SMTP backend, which builds it (``message()``), flattens it
   (``as_bytes()``), parses both addresses (``sanitize_address()``) and talks SMTP
