@@ -197,8 +197,9 @@ class RedisQueue:
         """Forget ``acks``, promote due ids, then claim up to ``count`` ids.
 
         One round trip. With ``share`` > 1 (the caller's threads), at most
-        ceil(ready / share) of them, and at least one: see ``lua/claim.lua``. Claimed ids sit in the incarnation's processing list
-        until acknowledged, so a crash leaves them for the sweeper. Calling
+        ceil(ready / share) of them, and at least one (``lua/claim.lua``).
+        Claimed ids sit in the incarnation's processing list until
+        acknowledged, so a crash leaves them for the sweeper. Calling
         again with the same ``thread`` and ``nonce`` after an error returns
         the ids of the call whose reply was lost instead of claiming more;
         without a nonce every call claims anew.
