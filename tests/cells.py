@@ -22,3 +22,18 @@ def only_in_cells(*cells: str, why: str) -> pytest.MarkDecorator:
     names = {f"outbox_{cell.replace('.', '').replace(':', '_')}" for cell in cells}
     run = name is None or name in names or os.environ.get("OUTBOX_TEST_ALL_CELLS") == "1"
     return pytest.mark.skipif(not run, reason=f"runs in the {' and '.join(cells)} cells: {why}")
+
+
+# The two pairs most modules use: each Django version and each database once,
+# or both databases under one Django version (for what only the server side changes).
+EACH_DJANGO_AND_DATABASE = ("5.2:postgres", "6.1:sqlite")
+BOTH_DATABASES = ("5.2:postgres", "5.2:sqlite")
+
+
+def slow_processes(cells: tuple[str, ...], *, why: str) -> list[pytest.MarkDecorator]:
+    """The marks of a module of real processes: committed rows, ``slow``, and its cells."""
+    return [
+        pytest.mark.django_db(transaction=True),
+        pytest.mark.slow,
+        only_in_cells(*cells, why=why),
+    ]

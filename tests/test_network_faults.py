@@ -43,20 +43,15 @@ from outbox.queue import RedisQueue, control
 from outbox.queue.scripts import shared_script
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
-from tests.cells import only_in_cells
+from tests.cells import BOTH_DATABASES, slow_processes
 from tests.proxy import Fault, FaultProxy
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_worker_process import process_state
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    only_in_cells(
-        "5.2:postgres",
-        "5.2:sqlite",
-        why="the faults are on the wire, not in Django or the SQL dialect",
-    ),
-]
+pytestmark = slow_processes(
+    BOTH_DATABASES,
+    why="the faults are on the wire, not in Django or the SQL dialect",
+)
 
 Status = Delivery.Status
 

@@ -25,20 +25,15 @@ from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from outbox.status import snapshot as status
-from tests.cells import only_in_cells
+from tests.cells import BOTH_DATABASES, slow_processes
 from tests.conftest import ROOT
 from tests.servers import SMTPRecorder, subprocess_env, wait_until
 from tests.topologies import ClusterSetup, SentinelSetup
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    only_in_cells(
-        "5.2:postgres",
-        "5.2:sqlite",
-        why="Sentinel and Cluster are on the Redis side, not in Django or the SQL dialect",
-    ),
-]
+pytestmark = slow_processes(
+    BOTH_DATABASES,
+    why="Sentinel and Cluster are on the Redis side, not in Django or the SQL dialect",
+)
 
 EMAILS = 300
 

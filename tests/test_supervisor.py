@@ -23,19 +23,14 @@ from outbox import enqueue_email
 from outbox.management.commands.outbox_worker import child_arguments
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
-from tests.cells import only_in_cells
+from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
 from tests.conftest import ROOT
 from tests.servers import SMTPRecorder, subprocess_env, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    only_in_cells(
-        "5.2:postgres",
-        "6.1:sqlite",
-        why="the processes are the operating system's; one cell per Django version and per database",
-    ),
-]
+pytestmark = slow_processes(
+    EACH_DJANGO_AND_DATABASE,
+    why="the processes are the operating system's; one cell per Django version and per database",
+)
 
 Status = Delivery.Status
 STARTED = re.compile(r"worker process (\d+) started: pid (\d+)")

@@ -16,18 +16,13 @@ from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
-from tests.cells import only_in_cells
+from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
 from tests.servers import SMTPRecorder, wait_until
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.slow,
-    only_in_cells(
-        "5.2:postgres",
-        "6.1:sqlite",
-        why="signals reach a real process the same way in every cell; one per Django version and per database",
-    ),
-]
+pytestmark = slow_processes(
+    EACH_DJANGO_AND_DATABASE,
+    why="signals reach a real process the same way in every cell; one per Django version and per database",
+)
 
 Status = Delivery.Status
 
