@@ -1,17 +1,29 @@
 """System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email.
 
 One module per concern, each check registered on its own (``settings``,
-``redis``, ``delivery``, ``mailers``, ``sending``, ``content``,
+``redis``, ``database``, ``delivery``, ``mailers``, ``sending``, ``content``,
 ``reconcilers``, ``urls``, ``valve``); importing this package registers them all
 (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
 English, as Django's own checks are.
 """
 
-from . import content, delivery, mailers, reconcilers, redis, sending, settings, urls, valve
+from . import (
+    content,
+    database,
+    delivery,
+    mailers,
+    reconcilers,
+    redis,
+    sending,
+    settings,
+    urls,
+    valve,
+)
 
 __all__ = [
     "content",
+    "database",
     "delivery",
     "mailers",
     "reconcilers",

@@ -6,7 +6,8 @@ functions at all is told in ``postgresql.py``.
 
 Each function's DDL is frozen once a release ships it: a change is a new
 constant (``..._V2``) and a new migration, so that migrating an old database
-replays the history it had. (Before the first release the ``_V1`` functions
+replays the history it had; ``CURRENT`` names the newest version of each
+(check ``outbox.E022`` and ``outbox_functions --create`` read it). (Before the first release the ``_V1`` functions
 were changed in place, to carry ``outbox_email.mailer``, which migration 0007
 adds: PL/pgSQL resolves column names when a function first runs, not when
 migration 0005 creates it; and ``ENQUEUE_ONE_FUNCTION_V1`` came to return one
@@ -15,7 +16,9 @@ array instead of three columns.)
 
 from __future__ import annotations
 
+from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.backends.base.schema import BaseDatabaseSchemaEditor
+from django.db.migrations.recorder import MigrationRecorder
 from django.db.migrations.state import StateApps
 
 from ..conf import outbox_settings
@@ -307,3 +310,52 @@ def run_on_postgresql(sql: str) -> object:
             schema_editor.execute(sql)
 
     return run
+
+
+# -- the functions a migrated database has --------------------------------------------------
+
+# Each function's DDL as the newest migration that writes it leaves it, by that migration.
+CURRENT = {
+    "outbox_step": ("0011_message_structure", STEP_FUNCTION_V2),
+    "outbox_enqueue": ("0005_postgresql_functions", ENQUEUE_FUNCTION_V1),
+    "outbox_enqueue_one": ("0008_enqueue_one_function", ENQUEUE_ONE_FUNCTION_V1),
+    "outbox_steps": ("0012_batched_steps_function", STEPS_FUNCTION_V1),
+}
+
+
+def function_states(connection: BaseDatabaseWrapper) -> dict[str, str]:
+    """Each function of ``CURRENT``: "present", "missing" or "unmigrated" (its migration is not applied).
+
+    "missing" happens when the database was migrated while ``POSTGRESQL_FUNCTIONS``
+    was False (the migrations then create none): if the setting is True now,
+    the hot paths call functions that do not exist. Empty elsewhere than on
+    PostgreSQL. Raises DatabaseError when the database cannot be asked.
+    """
+    if connection.vendor != "postgresql":
+        return {}
+    applied = MigrationRecorder(connection).applied_migrations()
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT DISTINCT proname FROM pg_proc "
+            "WHERE proname = ANY(%s) AND pg_function_is_visible(oid)",
+            [list(CURRENT)],
+        )
+        present = {row[0] for row in cursor.fetchall()}
+    return {
+        name: "present"
+        if name in present
+        else ("missing" if ("outbox", migration) in applied else "unmigrated")
+        for name, (migration, _) in CURRENT.items()
+    }
+
+
+def missing_functions(connection: BaseDatabaseWrapper) -> list[str]:
+    """The functions whose migration is applied but which this database lacks."""
+    return [name for name, state in function_states(connection).items() if state == "missing"]
+
+
+def create_functions(connection: BaseDatabaseWrapper, names: list[str]) -> None:
+    """Create the named functions as a migrated database has them, in one transaction."""
+    with connection.schema_editor() as editor:
+        for name in names:
+            editor.execute(CURRENT[name][1])

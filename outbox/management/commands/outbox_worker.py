@@ -15,7 +15,9 @@ import time
 from functools import partial
 from typing import Any
 
+from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.db import DEFAULT_DB_ALIAS, connections
 
 from ...models import Delivery
 from ...worker import Worker
@@ -99,6 +101,11 @@ class Command(BaseCommand):
             check_worker_id(options["worker_id"])
             if options["processes"] > 1:
                 check_worker_id(child_worker_id(options["worker_id"], options["processes"] - 1))
+        if not options["skip_checks"]:
+            # The checks that ask the database too (outbox.E022): a worker
+            # whose every step would fail refuses to start instead.
+            self.check(tags=[Tags.database], databases=[DEFAULT_DB_ALIAS])
+            connections.close_all()  # no connection may cross the supervisor's fork
         self._configure_logging(options["verbosity"])
         if options["processes"] > 1:
             self._supervise(options)
