@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 from datetime import timedelta
@@ -13,6 +14,7 @@ from django.utils import timezone
 from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.queue import QueueEntry
+from outbox.queue.scripts import shared_script
 from outbox.worker import Worker, backoff_delay, is_permanent
 from outbox.worker.loop import SenderLoop
 from outbox.worker.outcomes import failure
@@ -511,3 +513,82 @@ def settle_alone(worker, settlement):
     loop.settlement = settlement
     loop._settle_alone()
     return loop.acks
+
+
+def test_a_claim_that_finds_nothing_says_when_the_next_scheduled_id_is_due(queue):
+    """The idle thread's look at `scheduled` comes with the empty claim, not in a round trip of its own."""
+    worker_id = "w#1"
+    queue.register(worker_id)
+    assert queue.claim(worker_id, 10).next_due == math.inf  # nothing scheduled
+    due = queue.claim(worker_id, 10).now + 60
+    queue.push([QueueEntry(7, "normal", due), QueueEntry(8, "normal", due + 5)])
+    assert queue.claim(worker_id, 10).next_due == pytest.approx(due, abs=1e-5)
+    queue.push([QueueEntry(9, "normal", 0)])
+    claimed = queue.claim(worker_id, 10)
+    assert [c.id for c in claimed.items] == [9]
+    assert claimed.next_due is None  # it took one: not looked at
+
+
+class _Monitor:
+    """The commands clients send to the test's Redis (MONITOR), scripts' own calls left out."""
+
+    STOP = "outbox-test-monitor-stop"
+
+    def __init__(self, queue) -> None:
+        self.queue = queue
+        self.commands: list[str] = []
+        self.ready = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> _Monitor:
+        self.thread.start()
+        assert self.ready.wait(10)
+        return self
+
+    def _run(self) -> None:
+        with self.queue.redis.monitor() as monitor:
+            self.ready.set()
+            while True:
+                seen = monitor.next_command()
+                if seen["client_type"] == "lua":
+                    continue
+                if self.STOP in seen["command"]:
+                    return
+                self.commands.append(seen["command"])
+
+    def __exit__(self, *exc) -> None:
+        self.queue.redis.echo(self.STOP)
+        self.thread.join(10)
+
+
+def test_after_a_success_with_nothing_left_the_thread_waits_without_looking_again(
+    settings, queue, running, outbox_mail
+):
+    """Sends spread out: one claim finds nothing, the success is written, and the thread blocks.
+
+    It used to claim once more and then ask for the next scheduled time: two
+    round trips more per email whenever the worker keeps up with the traffic.
+    The success's ack rides on the next claim.
+    """
+    # No idle timeout runs out while the test watches (HEARTBEAT_TIMEOUT is 3 s).
+    settings.OUTBOX = {**settings.OUTBOX, "BLOCK_TIMEOUT": 2.5}
+    claim, push = shared_script("claim").sha, shared_script("push").sha
+    with _Monitor(queue) as monitor:
+        worker = running(concurrency=1)
+        wait_until(lambda: any(c.startswith("BLPOP") for c in monitor.commands))
+        [delivery] = enqueue_email("s", "b", None, ["a@example.com"])
+        wait_until(lambda: Delivery.objects.get(pk=delivery.pk).status == Delivery.Status.SENT)
+        pushed = next(i for i, c in enumerate(monitor.commands) if push in c)
+
+        def made() -> list[str] | None:
+            # What the thread sent from the push's wake-up until it blocked again.
+            after = monitor.commands[pushed + 1 :]
+            blocked = [i for i, c in enumerate(after) if c.startswith("BLPOP")]
+            return after[: blocked[0]] if blocked else None
+
+        commands = wait_until(made)
+    assert sum(claim in c for c in commands) == 2, commands  # the one that took it, an empty one
+    assert not any(c.startswith("ZRANGE") for c in commands), commands
+    assert [m.to for m in outbox_mail] == [["a@example.com"]]
+    # The ack waits for the next claim: the id is still listed, its row sent.
+    assert queue.processing_ids(worker.worker_id) == [delivery.pk]

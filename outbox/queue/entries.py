@@ -64,3 +64,6 @@ class ClaimResult(NamedTuple):
     # The operator's control hash as the claim saw it (outbox/queue/control.py);
     # None when not registered. While it says "paused", items is empty.
     control: dict[str, str] | None = None
+    # When nothing was claimed: the earliest scheduled id's due time (Redis
+    # time; math.inf when none is scheduled). None: not looked at.
+    next_due: float | None = None

@@ -52,6 +52,7 @@ UPDATE in the database, so a stale or repeated id changes nothing.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any, cast
@@ -217,7 +218,10 @@ class RedisQueue:
             Claimed(int(taken[i]), PRIORITY_NAME[int(taken[i + 1])])
             for i in range(0, len(taken), 2)
         ]
-        return ClaimResult(float(raw[0]), True, items, control)
+        next_due = None
+        if len(raw) > 4:
+            next_due = float(decode(raw[4])) if raw[4] else math.inf
+        return ClaimResult(float(raw[0]), True, items, control, next_due)
 
     def wait(self, timeout: float) -> bool:
         """Block up to ``timeout`` seconds until ids may be ready; True if woken.

@@ -10,6 +10,7 @@ its goodbye raise.
 from __future__ import annotations
 
 import logging
+import math
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
@@ -40,29 +41,37 @@ class Backoff:
         self.worker.stop_event.wait(self.delay)
 
 
-def wait_idle(worker: WorkerHost, pause: Backoff, paused: bool) -> None:
-    """Nothing to claim: block until woken, or until the next scheduled id is due."""
+def wait_idle(
+    worker: WorkerHost, pause: Backoff, paused: bool, next_due: float | None = None
+) -> None:
+    """Nothing to claim: block until woken, or until the next scheduled id is due.
+
+    ``next_due``: that time as the empty claim saw it (``ClaimResult.next_due``),
+    or None to ask Redis.
+    """
     if paused:
         # Not on the wake list: its tokens would only spin a paused thread.
         worker.stop_event.wait(outbox_settings.BLOCK_TIMEOUT)
         return
     try:
-        worker.queue.wait(idle_timeout(worker))
+        worker.queue.wait(idle_timeout(worker, next_due))
     except RedisError as exc:
         pause.wait("Redis", exc)
 
 
-def idle_timeout(worker: WorkerHost) -> float:
+def idle_timeout(worker: WorkerHost, next_due: float | None = None) -> float:
     """How long to block on the wake token: at most until the next scheduled id is due.
 
     Nothing wakes a worker when a scheduled id falls due (only pushes do), and
     promotion happens in the claim. Without this, ids held for a rate limit's
     slot, retries and ``send_at`` mail would wait up to BLOCK_TIMEOUT past
-    their time, and a limit's slots would go by unused.
+    their time, and a limit's slots would go by unused. An id scheduled
+    earlier after the look leaves a wake token (``push_args`` in
+    ``lua/_common.lua``), so a look made by the claim is as good as one made here.
     """
     timeout = outbox_settings.BLOCK_TIMEOUT
-    due = worker.queue.next_scheduled_at()
-    if due is not None:
+    due = worker.queue.next_scheduled_at() if next_due is None else next_due
+    if due is not None and due != math.inf:
         # Never 0: BLPOP would block for ever.
         timeout = max(0.01, min(timeout, due - worker.clock.time()))
     return timeout

@@ -146,18 +146,24 @@ class SenderLoop:
             fault("after_claim")
             return True
         if self.settlement is not None:
-            # Never wait with an outcome unwritten; then claim again, since a
-            # retry it pushes back may be due at once.
+            # Never wait with an outcome unwritten.
+            sent = self.settlement.outcome == Outcome.SENT
             self._settle_alone()
-            return False
+            if not sent or self.worker.burst:
+                # Claim again: a retry or a release it pushed back may be due at once.
+                return False
+            # A success pushes nothing, so this claim's look still holds: wait
+            # now. Its ack rides on the next claim (PROTOCOL.md: an id whose
+            # row is sent may stay listed), a round trip saved per email
+            # whenever sends are spread out.
         if self.worker.burst:
             return None
-        self._idle(paused=switches.paused)
+        self._idle(paused=switches.paused, next_due=result.next_due)
         return False
 
-    def _idle(self, paused: bool = False) -> None:
+    def _idle(self, paused: bool = False, next_due: float | None = None) -> None:
         self.sender.idle(paused)
-        wait_idle(self.worker, self.pause, paused)
+        wait_idle(self.worker, self.pause, paused, next_due)
 
     def _hold_while_paused(self) -> None:
         """Paused by the operator: write the outcome in hand, give back the claimed ids."""

@@ -10,7 +10,10 @@
 -- server, the tenth id of a batch of ten waited ~200 ms), while a long one is
 -- still claimed `count` at a time.
 -- Returns: Redis time, registered (1/0), then only when registered the control
--- hash (flat field/value list) and the ids claimed, "id1,prio1,id2,prio2,...".
+-- hash (flat field/value list) and the ids claimed, "id1,prio1,id2,prio2,...";
+-- when it claimed none (not paused, not a replay), fifth the due time of the
+-- earliest scheduled id ('' if none), which an idle thread blocks until: the
+-- same look it would otherwise make in a round trip of its own.
 -- The acks and the ids travel as one string each, not an element per id: the
 -- client's encoding and parsing of each element cost more than the script.
 -- KEYS[11] is the operator's control hash (outbox/queue/control.py): it rides along
@@ -98,4 +101,8 @@ if n < count then
   redis.call('DEL', KEYS[8])
 end
 out[4] = ids
+if n == 0 then
+  local earliest = earliest_scheduled()
+  out[5] = earliest == math.huge and '' or time_reply(earliest)
+end
 return out
