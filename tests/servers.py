@@ -8,6 +8,9 @@
   it and never replies (until stopped).
 - :class:`SilentServer`: accepts TCP connections and never says a word (no
   SMTP greeting), until stopped.
+
+And the small helpers the tests share: :func:`wait_until`,
+:func:`subprocess_env`, :func:`sample_message`, :func:`empty_outbox`.
 """
 
 from __future__ import annotations
@@ -266,3 +269,18 @@ def sample_message(**kwargs: Any) -> EmailMessage:
     }
     fields.update(kwargs)
     return EmailMessage(**fields)
+
+
+def empty_outbox() -> None:
+    """No rows, nothing in the outbox's Redis, no captured mail: between examples of one test."""
+    from django.core import mail
+
+    from outbox.models import Attachment, Attempt, Delivery, Email
+    from outbox.queue import RedisQueue
+
+    Attempt.objects.all().delete()
+    Delivery.objects.all().delete()
+    Attachment.objects.all().delete()
+    Email.objects.all().delete()
+    RedisQueue().redis.flushdb()
+    mail.outbox = []

@@ -87,11 +87,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from hypothesis.control import currently_in_test_context
 
-from outbox.models import Attachment, Attempt, Delivery, Email
+from outbox.models import Delivery, Email
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
 from tests.cells import only_in_cells
-from tests.servers import SMTPRecorder
+from tests.servers import SMTPRecorder, empty_outbox
 from tests.test_backend import use_outbox, use_smtp_delivery
 
 pytestmark = [
@@ -486,15 +486,6 @@ def count(what: str) -> None:
         event(what)
 
 
-def reset() -> None:
-    Attempt.objects.all().delete()
-    Delivery.objects.all().delete()
-    Attachment.objects.all().delete()
-    Email.objects.all().delete()
-    RedisQueue().redis.flushdb()
-    mail.outbox = []
-
-
 def deliver() -> None:
     assert Worker(burst=True).run(install_signal_handlers=False) == 0
 
@@ -679,7 +670,7 @@ def check_locmem_message(message: EmailMessage) -> None:
 
 def check_locmem_messages(messages: list[EmailMessage]) -> None:
     """Send ``messages`` through the outbox to locmem; each copy must be Django's message."""
-    reset()
+    empty_outbox()
     if send_through_outbox(messages) is not None:
         return
     deliveries = list(Delivery.objects.values_list("email_id", "recipient", "message_id"))
@@ -752,7 +743,7 @@ def envelope_address(address: str, message: EmailMessage) -> str:
 
 
 def check_smtp(spec: Spec, server: SMTPRecorder) -> None:
-    reset()
+    empty_outbox()
     server.received.clear()
     message = spec.build()
     if send_through_outbox([message]) is not None:

@@ -26,9 +26,10 @@ from hypothesis import strategies as st
 
 from outbox import enqueue_email
 from outbox.mail.message import build_message
-from outbox.models import Attachment, Attempt, Delivery, Email
+from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
 from tests.cells import only_in_cells
+from tests.servers import empty_outbox
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -99,14 +100,6 @@ BASE_HEADERS = {
     "date",
     "message-id",
 }
-
-
-def reset() -> None:
-    Attempt.objects.all().delete()
-    Delivery.objects.all().delete()
-    Attachment.objects.all().delete()
-    Email.objects.all().delete()
-    RedisQueue().redis.flushdb()
 
 
 def assert_nothing_written() -> None:
@@ -196,7 +189,7 @@ def check_written(
 @given(subject=hostile_text, body=hostile_text, html=st.none() | hostile_text)
 def test_text_fields(subject, body, html):
     skip_encoded_words(subject)
-    reset()
+    empty_outbox()
     result = attempt(subject, body, None, ["to@example.com"], html_message=html)
     single_line_bad = any(c in subject for c in "\r\n\x00\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029")
     if result is None:
@@ -242,7 +235,7 @@ header_names = st.one_of(
 )
 def test_extra_headers(headers):
     skip_encoded_words(headers)
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], headers=headers)
     if result is None:
         return
@@ -264,7 +257,7 @@ def test_extra_headers(headers):
 )
 def test_attachments(name, content, mimetype):
     skip_encoded_words(name, mimetype)
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], attachments=[(name, content, mimetype)])
     if result is None:
         return
@@ -280,7 +273,7 @@ def test_attachments(name, content, mimetype):
 def test_huge_fields(size, tail, where):
     if where in ("subject", "header"):
         skip_encoded_words(tail)
-    reset()
+    empty_outbox()
     text = ("Lorem ipsum é " * (size // 14 + 1))[:size] + tail
     kwargs: dict[str, Any] = {"subject": "s", "message": "b"}
     headers = None
@@ -307,7 +300,7 @@ def test_huge_fields(size, tail, where):
     value=st.lists(st.emails().map(str), min_size=1, max_size=3).map(", ".join),
 )
 def test_address_headers_with_addresses(name, value):
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], headers={name: value})
     assert result is not None
     check_written(result, headers={name: value})
@@ -317,7 +310,7 @@ def test_address_headers_with_addresses(name, value):
 def test_address_headers_are_validated_at_enqueue(name):
     # Django 5.2 cannot build "\x80" or "é"; Django 6.1 cannot build "a@" or '"'.
     for value in ["\x80", "é", "a@", '"']:
-        reset()
+        empty_outbox()
         result = attempt("s", "b", None, ["to@example.com"], headers={name: value})
         if result is None:
             continue  # refused up front: fine
@@ -326,7 +319,7 @@ def test_address_headers_are_validated_at_enqueue(name):
 
 @pytest.mark.parametrize("name", ["Subject", "subject"])
 def test_subject_in_headers_gives_one_subject(name):
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], headers={name: "other"})
     if result is None:
         return
@@ -337,7 +330,7 @@ def test_subject_in_headers_gives_one_subject(name):
 
 @pytest.mark.parametrize(("filename", "mimetype"), [("a.txt", "text"), (None, "")])
 def test_mimetype_is_validated_at_enqueue(filename, mimetype):
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], attachments=[(filename, b"x", mimetype)])
     if result is None:
         return
@@ -347,7 +340,7 @@ def test_mimetype_is_validated_at_enqueue(filename, mimetype):
 
 @pytest.mark.parametrize("field", ["subject", "header"])
 def test_encoded_word_cannot_inject_a_header(field):
-    reset()
+    empty_outbox()
     headers = {"X-Note": ENCODED_INJECTION} if field == "header" else None
     subject = ENCODED_INJECTION if field == "subject" else "s"
     result = attempt(subject, "b", None, ["to@example.com"], headers=headers)
@@ -358,7 +351,7 @@ def test_encoded_word_cannot_inject_a_header(field):
 
 @pytest.mark.parametrize("field", ["from_name", "to_name", "reply_to_name", "filename"])
 def test_encoded_word_in_names_injects_nothing(field):
-    reset()
+    empty_outbox()
     named = f"{ENCODED_INJECTION} <to@example.com>"
     kwargs: dict[str, Any] = {**GOOD}
     if field == "from_name":
@@ -378,7 +371,7 @@ def test_encoded_word_in_names_injects_nothing(field):
 
 
 def test_non_ascii_mimetype_is_validated_at_enqueue():
-    reset()
+    empty_outbox()
     result = attempt("s", "b", None, ["to@example.com"], attachments=[(None, b"x", "/;\x80")])
     if result is None:
         return
@@ -436,7 +429,7 @@ def recipient(i: int, rng: random.Random) -> tuple[str, str]:
     seed=st.integers(0, 2**32),
 )
 def test_recipient_lists(count, distinct, invalid, seed):
-    reset()
+    empty_outbox()
     rng = random.Random(seed)
     recipients: list[Any] = []
     expected: set[str] = set()
@@ -472,7 +465,7 @@ def test_recipient_lists(count, distinct, invalid, seed):
 )
 def test_arbitrary_addresses(to, sender, reply_to):
     skip_encoded_words(to, sender, reply_to)
-    reset()
+    empty_outbox()
     result = attempt("s", "b", sender, to, reply_to=reply_to)
     if result is None:
         return
@@ -533,7 +526,7 @@ WRONG_TYPES: dict[str, list[Any]] = {
     )
 )
 def test_wrong_types_are_refused_and_write_nothing(bad):
-    reset()
+    empty_outbox()
     field, value = bad
     kwargs = {**GOOD, field: value}
     with pytest.raises((TypeError, ValidationError)):
@@ -543,7 +536,7 @@ def test_wrong_types_are_refused_and_write_nothing(bad):
 
 @pytest.mark.parametrize("field", ["recipient_list", "reply_to"])
 def test_a_dict_is_not_a_list_of_addresses(field):
-    reset()
+    empty_outbox()
     kwargs = {**GOOD, field: {"to@example.com": "Alice"}}
     with pytest.raises(TypeError):
         enqueue_email(**kwargs)
@@ -555,7 +548,7 @@ def test_a_dict_is_not_a_list_of_addresses(field):
 
 @pytest.mark.parametrize("value", [2**31, 2**64])
 def test_max_attempts_beyond_the_column_is_a_validation_error(value):
-    reset()
+    empty_outbox()
     with pytest.raises(ValidationError):
         enqueue_email("s", "b", None, ["to@example.com"], max_attempts=value)
     assert_nothing_written()
@@ -563,7 +556,7 @@ def test_max_attempts_beyond_the_column_is_a_validation_error(value):
 
 @pytest.mark.parametrize("field", ["recipient_list", "from_email"])
 def test_long_non_ascii_display_name_fits_the_column(field):
-    reset()
+    empty_outbox()
     address = "é" * 290 + " <to@example.com>"
     assert len(address) <= 320
     kwargs = {**GOOD, field: [address] if field == "recipient_list" else address}
@@ -577,7 +570,7 @@ def test_long_non_ascii_display_name_fits_the_column(field):
 
 
 def test_long_sender_domain_gives_a_message_id_that_fits_the_column():
-    reset()
+    empty_outbox()
     domain = ".".join(["d" * 60] * 4) + ".com"  # 248 characters, a valid domain
     sender = f"a@{domain}"
     try:

@@ -137,14 +137,14 @@ from redis.exceptions import RedisError
 from outbox import enqueue_email, operations
 from outbox.conf import PRIORITIES
 from outbox.exceptions import AmbiguousDeliveryError
-from outbox.models import Attachment, Attempt, Delivery, Email
+from outbox.models import Delivery
 from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
 from outbox.sweeper import mirror as mirror_module
 from outbox.worker import Started, Worker
 from outbox.worker.loop import SenderLoop
 from tests import protocol_faults as pf
-from tests.servers import wait_until
+from tests.servers import empty_outbox, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -268,20 +268,11 @@ def step(fn: Callable[..., None]) -> Callable[..., None]:
     return wrapper
 
 
-def wipe(queue: RedisQueue) -> None:
-    queue.redis.flushdb()
-    Attempt.objects.all().delete()
-    Delivery.objects.all().delete()
-    Attachment.objects.all().delete()
-    Email.objects.all().delete()
-    mail.outbox = []
-
-
 class ProtocolMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.queue = RedisQueue()
-        wipe(self.queue)
+        empty_outbox()
         self.policy = "review"
         self.override: override_settings | None = None
         self.ready = False
