@@ -16,7 +16,13 @@
     process around the run: the command is the only child that ends in it);
   - PostgreSQL: the postmaster's tree from ``/proc/<pid>/stat`` (utime, stime and
     the reaped children's cutime and cstime, so backends that ended count too);
-  - redis-server: its ``/proc/<pid>/stat``; the SMTP sink and Postfix likewise.
+  - redis-server: its ``/proc/<pid>/stat``; the SMTP sink and Postfix likewise;
+  - commits: PostgreSQL's ``xact_commit`` for the database (``pg_stat_database``),
+    read once the command's sessions have ended (a session's counts are flushed
+    when it ends).
+
+  Cores = tier CPU per email x the steady rate: how much of the machine the tier
+  kept busy, which tells a run that waits apart from one that computes.
 
   The target is judged on workers + PostgreSQL + redis-server (the mail tier's own
   CPU, which other tenants of a shared machine cannot inflate); the machine-wide
@@ -26,7 +32,8 @@
 - **Latency** from the enqueue's commit (an on-commit hook registered before the
   enqueue's own) to the sink's acceptance (its log, after its 20 ms), at a steady
   offered load of 100/s and at half the capacity measured in the SMTP run, with
-  real (not burst) workers, stopped by pid.
+  real (not burst) workers, stopped by pid; split at the row's
+  ``processing_started_at`` into the wait for a worker and the send.
 """
 
 from __future__ import annotations
@@ -90,6 +97,28 @@ def tree_cpu(root: int) -> float:
         total += pid_cpu(pid)
         todo += children.get(pid, [])
     return total
+
+
+def pg_commits() -> int:
+    """Transactions committed in this database, once every other session has ended."""
+    from django.db import connection
+
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cur:
+        while time.monotonic() < deadline:
+            cur.execute(
+                "SELECT count(*) FROM pg_stat_activity "
+                "WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+            if cur.fetchone()[0] == 0:
+                break
+            time.sleep(0.02)
+        # A session leaves pg_stat_activity just before it flushes its counts.
+        time.sleep(0.1)
+        cur.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+        commits = int(cur.fetchone()[0])
+    connection.close()
+    return commits
 
 
 def children_cpu() -> float:
@@ -195,21 +224,22 @@ class EfficiencyMixin:
         meter: Meter,
         arrived: Any = None,
     ) -> dict[str, float]:
-        from django.db import connection
 
         self.reset()  # type: ignore[attr-defined]
         if n:
             self.seed(system, n)  # type: ignore[attr-defined]
-        connection.close()
+        commits = pg_commits()
         before = meter.snap()
         _elapsed, err = run_timed([argv], env)
         if arrived is not None and n:
             _wait(lambda: arrived() >= n, 300)
         after = meter.snap()
+        out = Meter.since(before, after)
+        out["commits"] = pg_commits() - commits  # the empty run's are subtracted too
         done = self.delivered(system)  # type: ignore[attr-defined]
         if err or done != n:
             raise RuntimeError(f"{system}: delivered {done} of {n}; {err}")
-        return Meter.since(before, after)
+        return out
 
     def _cpu_scenario(
         self,
@@ -277,6 +307,9 @@ class EfficiencyMixin:
         with _Sink(0.0) as sink:
             out["send"] = floor.django_send_floor(min(n, 2000), sink.port)
         self.reset()  # type: ignore[attr-defined]
+        redis_pid = self._meter_base[1]
+        out["push"] = floor.push_floor(self.sizes.enqueue_single, lambda: pid_cpu(redis_pid))
+        self.reset()  # type: ignore[attr-defined]
         self.log(f"floors: {out}")  # type: ignore[attr-defined]
         return out
 
@@ -328,6 +361,7 @@ class EfficiencyMixin:
         from django.db import connection, transaction
 
         from outbox import enqueue_email
+        from outbox.models import Delivery
 
         self.reset()  # type: ignore[attr-defined]
         n = int(rate * LATENCY_SECONDS)
@@ -352,13 +386,17 @@ class EfficiencyMixin:
                 offered = n / (time.perf_counter() - start)
                 _wait(lambda: len(sink.arrivals()) >= n + 1, 120)
                 arrivals = {r: t for t, r in sink.arrivals()}
+        # When each row was marked processing: the step's time, right before its send.
+        claimed = {
+            d.recipient: d.processing_started_at.timestamp()
+            for d in Delivery.objects.only("recipient", "processing_started_at")
+        }
         connection.close()
         # The first second is left out (connections and caches warming up).
-        skip = int(rate)
-        ms = [
-            1000 * (arrivals[f"lat{i}@example.com"] - committed[f"lat{i}@example.com"])
-            for i in range(skip, n)
-        ]
+        keys = [f"lat{i}@example.com" for i in range(int(rate), n)]
+        ms = [1000 * (arrivals[k] - committed[k]) for k in keys]
+        waited = [1000 * (claimed[k] - committed[k]) for k in keys]
+        sending = [1000 * (arrivals[k] - claimed[k]) for k in keys]
         return {
             "rate": rate,
             "offered": offered,
@@ -367,6 +405,10 @@ class EfficiencyMixin:
             "p95": pctl(ms, 0.95),
             "p99": pctl(ms, 0.99),
             "max": max(ms),
+            "waited_p50": pctl(waited, 0.50),
+            "waited_p99": pctl(waited, 0.99),
+            "sending_p50": pctl(sending, 0.50),
+            "sending_p99": pctl(sending, 0.99),
             "load": os.getloadavg()[0],
         }
 
@@ -396,18 +438,20 @@ def efficiency_section(db: str, data: Any) -> list[str]:
         "with the median tier CPU of the repetitions. tier = workers + PostgreSQL + "
         "redis-server (per process tree, /proc/<pid>/stat and RUSAGE_CHILDREN); machine = "
         "/proc/stat busy time, which also counts whatever else ran on the machine. "
-        "µs per email; rate = emails/s from spawning the command to its exit.",
+        "µs per email; rate = emails/s from spawning the command to its exit; commits = "
+        "PostgreSQL transactions per email; cores = tier CPU x the steady rate (without "
+        "the start-up), of the machine's " + f"{os.cpu_count()}.",
         "",
         "| scenario | system | tier µs | workers | PostgreSQL | redis | sink | Postfix "
-        "| machine µs | emails/s | load |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| machine µs | emails/s | commits | cores | load |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for key, title in SCENARIOS.items():
         s = data.get(key)
         if not s:
             continue
         if "skipped" in s:
-            md.append(f"| {title} | skipped: {s['skipped']} | | | | | | | | | |")
+            md.append(f"| {title} | skipped: {s['skipped']} | | | | | | | | | | | |")
             continue
         for label in ["outbox", *PO_CONFIGS]:
             r = s[label]
@@ -417,9 +461,9 @@ def efficiency_section(db: str, data: Any) -> list[str]:
                 f"| {_us(r['postgres'])} | {_us(r['redis'])} "
                 f"| {_us(r['sink']) if 'sink' in r else '-'} "
                 f"| {_us(r['postfix']) if 'postfix' in r else '-'} | {_us(r['machine'])} "
-                f"| {r['rate']:,.0f} | {r['load']:.1f} |"
+                f"| {r['rate']:,.0f} | {_commits(r)} | {_cores(r)} | {r['load']:.1f} |"
             )
-    md += floor.floor_section(data.get("floor"), data["noop"], data["smtp"])
+    md += floor.floor_section(data.get("floor"), data["noop"], data["smtp"], data["enqueue"])
     e = data["enqueue"]
     md += [
         "",
@@ -440,17 +484,38 @@ def efficiency_section(db: str, data: Any) -> list[str]:
         f"Latency from the enqueue's commit to the sink's acceptance (20 ms sink, {OURS}, "
         f"running, not burst; {LATENCY_SECONDS:.0f} s per load, the first second left out):",
         "",
-        "| offered load | achieved | emails | p50 ms | p95 ms | p99 ms | max ms | load |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| offered load | achieved | emails | p50 ms | p95 ms | p99 ms | max ms "
+        "| to the claim p50 / p99 | claim to acceptance p50 / p99 | load |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for lat in data["latency"]:
+        split = ["-", "-"]
+        if "waited_p50" in lat:
+            split = [
+                f"{lat['waited_p50']:.1f} / {lat['waited_p99']:.1f}",
+                f"{lat['sending_p50']:.1f} / {lat['sending_p99']:.1f}",
+            ]
         md.append(
             f"| {lat['rate']:,.0f}/s | {lat['offered']:,.0f}/s | {lat['emails']:,} "
             f"| {lat['p50']:.1f} | {lat['p95']:.1f} | {lat['p99']:.1f} | {lat['max']:.1f} "
-            f"| {lat['load']:.1f} |"
+            f"| {split[0]} | {split[1]} | {lat['load']:.1f} |"
         )
-    md.append("")
+    md += [
+        "",
+        "To the claim: from the commit until a worker's step marked the row `processing` "
+        "(the step's time, right before the send). Claim to acceptance: the step's commit, "
+        "building the message, the SMTP conversation and the server's 20 ms.",
+        "",
+    ]
     return md
+
+
+def _commits(r: dict[str, float]) -> str:
+    return f"{r['commits']:.3f}" if "commits" in r else "-"
+
+
+def _cores(r: dict[str, float]) -> str:
+    return f"{tier(r) * r['steady_rate']:.2f}" if "steady_rate" in r else "-"
 
 
 def efficiency_targets(children: dict[str, dict[str, Any]]) -> list[tuple[str, str, str]]:

@@ -19,12 +19,18 @@ Python, and each is measured here with no worker running:
   (``smtplib``). Measured in this process, one thread, one connection, against
   the sink with no delay: the whole ``send_messages()`` and its parts.
 
+- **The enqueue's Redis push.** ``enqueue_email`` pushes the new row's id to
+  Redis after its commit (``queue.publish``), a round trip ``mail.send`` does not
+  make. Measured alone, one id per call as the enqueue pushes it: this
+  process's CPU and redis-server's.
+
 ``floor_section`` adds them up against post_office's best tier: the least our
 tier could be if our worker's own Python cost nothing.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -161,14 +167,32 @@ def django_send_floor(n: int, port: int) -> dict[str, float]:
     return out
 
 
+def push_floor(n: int, redis_cpu: Callable[[], float]) -> dict[str, float]:
+    """CPU per call of the push an ``enqueue_email`` makes after its commit (one id)."""
+    from outbox.models import Delivery
+    from outbox.queue.entries import QueueEntry
+    from outbox.queue.publish import publish
+
+    normal = Delivery.Priority.NORMAL
+    publish([QueueEntry(n + 1, normal, 0.0)])  # the connection and the script, once
+    before, redis_before = time.process_time(), redis_cpu()
+    for i in range(1, n + 1):
+        if not publish([QueueEntry(i, normal, 0.0)]):
+            raise RuntimeError("push floor: Redis refused a push")
+    return {"caller": (time.process_time() - before) / n, "redis": (redis_cpu() - redis_before) / n}
+
+
 def _us(x: float) -> str:
     return f"{1e6 * x:,.0f}"
 
 
-def floor_section(floor: Any, noop: dict[str, Any], smtp: dict[str, Any]) -> list[str]:
+def floor_section(
+    floor: Any, noop: dict[str, Any], smtp: dict[str, Any], enqueue: dict[str, Any]
+) -> list[str]:
     """The report's lines: the floors, and what they leave our worker's Python.
 
-    ``noop`` and ``smtp``: the efficiency part's scenarios, for post_office's best tier.
+    ``noop``, ``smtp`` and ``enqueue``: the efficiency part's measurements, for
+    post_office's best tier and for the enqueue's.
     """
     if not floor:
         return []
@@ -231,9 +255,42 @@ def floor_section(floor: Any, noop: dict[str, Any], smtp: dict[str, Any]) -> lis
         f"{_us(smtp[smtp['post_office_best']]['postgres'])} µs (one UPDATE for a batch "
         "of 100 after sending them, which a crash mid-batch sends again). Marking each "
         "email durably before it is handed over is the promise; its commit is the price.",
-        "",
     ]
+    md += _throughput_lines(noop) + _enqueue_lines(floor.get("push"), enqueue) + [""]
     return md
+
+
+def _throughput_lines(noop: dict[str, Any]) -> list[str]:
+    ours = noop["outbox"]
+    if "commits" not in ours:
+        return []
+    cores, nproc = _tier(ours) * ours["steady_rate"], os.cpu_count() or 1
+    if cores >= 0.8 * nproc:
+        why = "the tier is close to CPU-bound, so throughput follows the CPU per email."
+    else:
+        why = (
+            "a sender thread waits for its step's commit before its next send, and each "
+            "worker process writes one batch at a time: with cores to spare, the rate is "
+            "how fast those commits follow each other."
+        )
+    return [
+        f"- Throughput (no-op): our steady {ours['steady_rate']:,.0f}/s kept {cores:.2f} "
+        f"of {nproc} cores busy (tier CPU x rate), at {1 / ours['commits']:.1f} emails "
+        f"per commit; {why}",
+    ]
+
+
+def _enqueue_lines(push: dict[str, float] | None, enqueue: dict[str, Any]) -> list[str]:
+    if not push:
+        return []
+    ours, po = _tier(enqueue["outbox"]), _tier(enqueue["post_office"])
+    cost = push["caller"] + push["redis"]
+    return [
+        f"- Enqueue: the push after the commit, alone, costs {_us(push['caller'])} µs in "
+        f"the caller and {_us(push['redis'])} µs in redis-server, {_us(cost)} µs of our "
+        f"{_us(ours)} µs per call. Without it ours would be {_us(ours - cost)} µs = "
+        f"{(ours - cost) / po:.2f}x `mail.send`'s {_us(po)} µs.",
+    ]
 
 
 def _tier(d: dict[str, float]) -> float:
