@@ -7,11 +7,11 @@ functions at all is told in ``postgresql.py``.
 Each function's DDL is frozen once a release ships it: a change is a new
 constant (``..._V2``) and a new migration, so that migrating an old database
 replays the history it had; ``CURRENT`` names the newest version of each
-(check ``outbox.E022`` and ``outbox_functions --create`` read it). (Before the first release the ``_V1`` functions
-were changed in place, to carry ``outbox_email.mailer``, which migration 0007
-adds: PL/pgSQL resolves column names when a function first runs, not when
-migration 0005 creates it; and ``ENQUEUE_ONE_FUNCTION_V1`` came to return one
-array instead of three columns.)
+(check ``outbox.E022`` and ``outbox_functions --create`` read it). (Before
+the first release the ``_V1`` functions were changed in place, to carry
+``outbox_email.mailer``, which migration 0007 adds: PL/pgSQL resolves column
+names when a function first runs, not when migration 0005 creates it; and
+``ENQUEUE_ONE_FUNCTION_V1`` came to return one array instead of three columns.)
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ CURRENT = {
 
 
 def function_states(connection: BaseDatabaseWrapper) -> dict[str, str]:
-    """Each function of ``CURRENT``: "present", "missing" or "unmigrated" (its migration is not applied).
+    """Each function of ``CURRENT``: "present", "missing", or "unmigrated" (migration not applied).
 
     "missing" happens when the database was migrated while ``POSTGRESQL_FUNCTIONS``
     was False (the migrations then create none): if the setting is True now,

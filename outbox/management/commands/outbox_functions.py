@@ -1,4 +1,4 @@
-"""``manage.py outbox_functions``: the PostgreSQL functions of the hot paths (check outbox.E022)."""
+"""``manage.py outbox_functions``: the hot paths' PostgreSQL functions (check outbox.E022)."""
 
 from __future__ import annotations
 
@@ -36,7 +36,8 @@ class Command(BaseCommand):
         connection = connections[alias]
         if connection.vendor != "postgresql":
             raise CommandError(
-                f"Database {alias!r} is {connection.vendor}: the functions exist on PostgreSQL only."
+                f"Database {alias!r} is {connection.vendor}: "
+                "the functions exist on PostgreSQL only."
             )
         try:
             states = function_states(connection)
