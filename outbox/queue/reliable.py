@@ -386,10 +386,10 @@ class RedisQueue:
     def scheduled_length(self) -> int:
         return int(self.redis.zcard(self.scheduled_key))
 
-    def next_scheduled_at(self) -> float | None:
-        """When the earliest id in ``scheduled`` falls due (Redis time), or None."""
+    def next_scheduled_at(self) -> float:
+        """When the earliest id in ``scheduled`` falls due (Redis time); math.inf if none is."""
         first = self.redis.zrange(self.scheduled_key, 0, 0, withscores=True)
-        return float(first[0][1]) if first else None
+        return float(first[0][1]) if first else math.inf
 
     def queued_count(self) -> int:
         return int(self.redis.scard(self.queued_key))

@@ -1,8 +1,9 @@
 """The PL/pgSQL functions behind the ``..._CALL`` statements of ``postgresql.py``.
 
-Migrations 0005, 0008, 0011 and 0012 create them (``STEP_FUNCTION_V1``, then ``_V2``,
-``ENQUEUE_FUNCTION_V1``, ``ENQUEUE_ONE_FUNCTION_V1``, ``STEPS_FUNCTION_V1``); why the hot path calls
-functions at all is told in ``postgresql.py``.
+Migrations 0005, 0008, 0011 and 0012 create them (``STEP_FUNCTION_V1``, then
+``_V2``, ``ENQUEUE_FUNCTION_V1``, ``ENQUEUE_ONE_FUNCTION_V1``,
+``STEPS_FUNCTION_V1``); why the hot path calls functions at all is told in
+``postgresql.py``.
 
 Each function's DDL is frozen once a release ships it: a change is a new
 constant (``..._V2``) and a new migration, so that migrating an old database

@@ -71,7 +71,7 @@ def idle_timeout(worker: WorkerHost, next_due: float | None = None) -> float:
     """
     timeout = outbox_settings.BLOCK_TIMEOUT
     due = worker.queue.next_scheduled_at() if next_due is None else next_due
-    if due is not None and due != math.inf:
+    if due != math.inf:
         # Never 0: BLPOP would block for ever.
         timeout = max(0.01, min(timeout, due - worker.clock.time()))
     return timeout

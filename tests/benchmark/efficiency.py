@@ -47,6 +47,7 @@ from typing import Any
 
 from tests.benchmark import floor
 from tests.benchmark.common import BODY, SENDER, SUBJECT, rcpt, run_timed
+from tests.benchmark.instruments import xact_commit
 from tests.benchmark.sending import _Sink, _wait, _Workers
 
 HZ = os.sysconf("SC_CLK_TCK")
@@ -115,8 +116,7 @@ def pg_commits() -> int:
             time.sleep(0.02)
         # A session leaves pg_stat_activity just before it flushes its counts.
         time.sleep(0.1)
-        cur.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
-        commits = int(cur.fetchone()[0])
+        commits = xact_commit(cur)
     connection.close()
     return commits
 

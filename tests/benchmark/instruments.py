@@ -25,7 +25,7 @@ from typing import Any
 from tests.benchmark.common import ROOT
 
 _WRITES = re.compile(r"\b(INSERT|UPDATE|DELETE)\b", re.IGNORECASE)
-_OUTBOX_FUNCTION = re.compile(r"\boutbox_(step|enqueue|enqueue_one)\(")
+_OUTBOX_FUNCTION = re.compile(r"\boutbox_(steps?|enqueue|enqueue_one)\(")
 
 
 def profile_table(
@@ -50,6 +50,12 @@ def profile_table(
         if line.strip():
             out.append(line.rstrip())
     return "\n".join(out)
+
+
+def xact_commit(cursor: Any) -> int:
+    """PostgreSQL's count of transactions committed in this database (pg_stat_database)."""
+    cursor.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()")
+    return int(cursor.fetchone()[0])
 
 
 class Instruments:
@@ -196,10 +202,7 @@ class Instruments:
 
         with connection.cursor() as cur:
             cur.execute("SELECT pg_stat_clear_snapshot()")
-            cur.execute(
-                "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
-            )
-            xact = int(cur.fetchone()[0])
+            xact = xact_commit(cur)
             cur.execute("SELECT wal_sync FROM pg_stat_wal")
             sync = int(cur.fetchone()[0])
         connection.close()
