@@ -8,6 +8,7 @@ supervisor does about it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -78,10 +79,23 @@ def is_worker(pid: int) -> bool:
     return state != "Z" and b"outbox_worker" in cmdline
 
 
+def open_files(pid: int, first: int = 0) -> list[str]:
+    """What ``pid``'s descriptors from ``first`` on point to ("pipe:[inode]", a path...).
+
+    A descriptor closed between the listing and its read (a child's start, a
+    log file rotated) is left out: it was open, and is not any more.
+    """
+    links = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        if int(fd.name) >= first:
+            with contextlib.suppress(FileNotFoundError):
+                links.append(os.readlink(fd))
+    return links
+
+
 def pipes(pid: int) -> set[str]:
     """The pipes ``pid`` holds open beyond stdin, stdout and stderr ("pipe:[inode]")."""
-    links = (os.readlink(fd) for fd in Path(f"/proc/{pid}/fd").iterdir() if int(fd.name) > 2)
-    return {link for link in links if link.startswith("pipe:")}
+    return {link for link in open_files(pid, first=3) if link.startswith("pipe:")}
 
 
 def live_pids() -> set[int]:
@@ -153,7 +167,7 @@ def test_sigterm_stops_every_child_and_the_supervisor_exits_zero(supervisor):
     children = run.child_pids()
     assert live_pids() == set(children) and run.proc.pid not in children
     # The supervisor holds no database or Redis connection: no socket, no SQLite file.
-    fds = [os.readlink(f) for f in Path(f"/proc/{run.proc.pid}/fd").iterdir()]
+    fds = open_files(run.proc.pid)
     assert not [fd for fd in fds if fd.startswith("socket:") or ".sqlite3" in fd], fds
     # Its wake-up pipe stays its own: a forked child closes it first thing.
     wake = pipes(run.proc.pid)
