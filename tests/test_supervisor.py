@@ -82,8 +82,8 @@ def is_worker(pid: int) -> bool:
 def open_files(pid: int, first: int = 0) -> list[str]:
     """What ``pid``'s descriptors from ``first`` on point to ("pipe:[inode]", a path...).
 
-    A descriptor closed between the listing and its read (a child's start, a
-    log file rotated) is left out: it was open, and is not any more.
+    A descriptor closed between the listing and its read (a worker closes the
+    connection of its start-up checks) is left out: it is not open any more.
     """
     links = []
     for fd in Path(f"/proc/{pid}/fd").iterdir():
