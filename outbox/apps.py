@@ -1,4 +1,4 @@
-"""The app config: registers the system checks (checks.py) and the ESP event hook when Django starts."""
+"""The app config: registers the system checks (``outbox/checks/``) and the ESP event hook when Django starts."""
 
 from django.apps import AppConfig
 from django.utils.translation import gettext_lazy as _

@@ -6,7 +6,7 @@ replying to the final dot may well deliver it. Such an attempt is in doubt:
 a crash in the send window (``ABANDONED_POLICY``). Failures before the body was
 complete keep their meaning.
 
-The first sections are unit tests of outbox/failures.py and
+The first sections are unit tests of outbox/mail/failures.py and
 :func:`outbox.backends.watch_handover` with Django's stock SMTP backend against
 real aiosmtpd servers on loopback. The last section runs the worker end to end;
 it needs the worker to call ``watch_handover()`` after ``backend.open()`` and to

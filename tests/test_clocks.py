@@ -1,6 +1,6 @@
 """Whose clock a row's times come from: settings without time zones, and the web host's clock.
 
-- ``USE_TZ = False``: the worker and the sweeper time rows by Redis (``outbox/clock.py``)
+- ``USE_TZ = False``: the worker and the sweeper time rows by Redis (``outbox/queue/clock.py``)
   and must write those times the way Django stores them, naive.
 - A row due now is due by the database's clock on PostgreSQL, not by the clock of the
   host that enqueued or requeued it.

@@ -19,7 +19,7 @@ retry of each, goes through it. A blank name is the worker's default target
 :class:`~outbox.backends.OutboxBackend` (the worker would deliver into the
 outbox itself: on 6.1 the ``"default"`` mailer usually is), is a
 ``ValidationError`` on ``mailer`` before anything is written
-(:func:`is_delivery_mailer`, called from ``outbox/prepare.py``).
+(:func:`is_delivery_mailer`, called from ``outbox/enqueue/prepare.py``).
 
 **Resolved again when sending.** The worker reads its own settings when it
 opens a mailer's connection (:func:`get_connection`). A name the worker's

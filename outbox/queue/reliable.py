@@ -1,7 +1,7 @@
 """The Redis mirror of the outbox: a reliable queue of delivery ids.
 
 Only row ids go into Redis; the database row is the truth and Redis is a fast,
-lossy accelerator that can always be rebuilt from it (see ``sweeper.py``).
+lossy accelerator that can always be rebuilt from it (see ``sweeper/mirror.py``).
 
 Keys, all sharing the hash tag ``{<KEY_PREFIX>}`` so that multi-key commands
 and scripts stay legal on Redis Cluster:

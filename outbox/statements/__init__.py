@@ -4,6 +4,6 @@
 once per email or per enqueue call on that database, with the rules they keep;
 PostgreSQL's also holds the PL/pgSQL functions its migration creates. The code
 that runs them and maps their rows is in ``outbox/worker/sql.py`` (the worker)
-and ``outbox/enqueue_sql.py`` (enqueueing). Everything else the app does goes
+and ``outbox/enqueue/sql.py`` (enqueueing). Everything else the app does goes
 through Django's ORM.
 """

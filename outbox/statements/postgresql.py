@@ -42,7 +42,7 @@ The rules every statement keeps:
   burst of n emails would cost O(n^2);
 - whether a row is due or expired is decided by the server's clock, ``now()``,
   never by the worker host's; the times the worker writes (``%(now)s``) are
-  Redis time from its RedisClock (see ``outbox/clock.py``);
+  Redis time from its RedisClock (see ``outbox/queue/clock.py``);
 - parameters are named (``%(name)s``); table names and status values are
   written out: the tables are the app's own, and a status value is stored in
   the rows, so changing one would need a data migration anyway.
@@ -59,7 +59,7 @@ from __future__ import annotations
 # database's clock, the one the worker's due test reads, not the web host's
 # (also in the calls below and ENQUEUE_MANY). Each returns now() too, so the
 # instances returned to the caller hold what the rows hold. A suppressed recipient's row is written cancelled, with the text
-# ``outbox.suppression.reason`` gives elsewhere.
+# ``outbox/suppression.py`` writes elsewhere.
 ENQUEUE = """
 WITH email AS (
     INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,

@@ -12,13 +12,13 @@
 suppression list, then the email and its deliveries, with ``bulk_create``, in
 one transaction; see ``outbox/enqueue/api.py``), the same path that serves attachments
 and idempotency keys everywhere. The code that runs the statements here is in
-``outbox/worker/sql.py`` (``_steps_sqlite``) and ``outbox/enqueue_sql.py``;
+``outbox/worker/sql.py`` (``_steps_sqlite``) and ``outbox/enqueue/sql.py``;
 PostgreSQL's hot path is ``postgresql.py``.
 
 The same rules as PostgreSQL's, with one difference. SQLite has no server
 clock: its ``now`` would be the clock of whichever host runs the statement, so
 whether a row is due or expired is decided by Redis time, passed in as
-``%(now)s``, the clock that also promoted the id (see ``outbox/clock.py``).
+``%(now)s``, the clock that also promoted the id (see ``outbox/queue/clock.py``).
 Each write is one conditional statement on a row found by primary key that
 repeats the status the row must be in; parameters are named (``%(name)s``).
 """

@@ -7,7 +7,7 @@ conditional write that repeats the state the row must be in, so a stale id or
 a late worker changes nothing. Whether a row is due is decided by the
 database's own clock on PostgreSQL and by Redis time on SQLite, never by the
 worker host's clock; times the worker writes are Redis time from its
-RedisClock (see ``outbox/clock.py``).
+RedisClock (see ``outbox/queue/clock.py``).
 """
 
 from __future__ import annotations
