@@ -147,9 +147,16 @@ def _check_redis_reachable() -> list[CheckMessage]:
 
     def ping() -> None:
         try:
-            get_connection().ping()
+            client = get_connection()
+            client.ping()
         except Exception as exc:  # whatever stops it, the check says it: a warning only
             failure.append(f"{type(exc).__name__}: {exc}")
+            return
+        # Leave no connection behind: `outbox_worker --processes` forks after
+        # the checks, and its supervisor holds no socket.
+        pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        if pool is not None:
+            pool.disconnect(inuse_connections=False)
 
     # A thread, so that the wait is bounded however the client is configured;
     # a daemon, so that one still connecting does not keep the process alive.

@@ -182,7 +182,6 @@ class Sweeper:
         else:
             report.failure = "database"
             report.errors.append(f"{database_address(alias)} failed: {_why(exc)}")
-        connection.close()
 
     def _keep_lease(self) -> None:
         if self._token:
