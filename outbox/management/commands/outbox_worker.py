@@ -52,7 +52,10 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Deliver everything that is due, then exit 0 (later scheduled mail does not wait).",
+            help=(
+                "Deliver everything that is due, then exit 0 (later scheduled mail does not "
+                "wait); exit 75 if Redis or the database stays away for --give-up-after."
+            ),
         )
         parser.add_argument(
             "--give-up-after",
