@@ -1,10 +1,12 @@
-"""Database helpers shared by the enqueue path and the worker."""
+"""Database helpers shared by the enqueue path, the worker and the operator commands."""
 
 from __future__ import annotations
 
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
 
-from django.db import DEFAULT_DB_ALIAS
+from django.apps import apps
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, signals
 from django.db.models.base import ModelState
@@ -69,3 +71,70 @@ def loaded_instance(model: type[_M], values: dict[str, Any], using: str = DEFAUL
     obj._state = state
     obj.__dict__.update(values)
     return obj
+
+
+def database_address(alias: str) -> str:
+    """Where database ``alias`` is, for an error message (never its password)."""
+    connection = connections[alias]
+    settings = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"database {alias!r} (SQLite file {settings.get('NAME')})"
+    host = settings.get("HOST") or "localhost"
+    port = settings.get("PORT")
+    where = f"{host}:{port}" if port else str(host)
+    return f"database {alias!r} ({connection.vendor} {settings.get('NAME')!r} at {where})"
+
+
+@dataclass(frozen=True)
+class DatabaseProblem:
+    """Why the outbox cannot use a database: it does not answer, or lacks the tables."""
+
+    kind: Literal["unreachable", "not migrated"]
+    alias: str
+    detail: str
+
+    def __str__(self) -> str:
+        where = database_address(self.alias)
+        if self.kind == "unreachable":
+            return f"{where} is unreachable: {self.detail}"
+        return f"{where} is not migrated: {self.detail}; run manage.py migrate"
+
+
+def database_problem(alias: str) -> DatabaseProblem | None:
+    """None when the outbox's migrations are all applied on ``alias``; else what is wrong.
+
+    Tells "the database does not answer" from "it answers, but the outbox's
+    tables are missing", which both surface as a ``DatabaseError`` on the first
+    query (``no such table``, ``relation ... does not exist``). Asks the
+    migration recorder, as ``migrate --plan`` does; reads the migration files,
+    so it is for a command's start or its error path, not for every query.
+    """
+    from django.db.migrations.loader import MigrationLoader
+
+    label = apps.get_containing_app_config(__name__).label  # type: ignore[union-attr]
+    connection = connections[alias]
+    try:
+        loader = MigrationLoader(connection, ignore_no_migrations=True)
+        tables = set(connection.introspection.table_names())
+    except DatabaseError as exc:
+        return DatabaseProblem("unreachable", alias, f"{type(exc).__name__}: {exc}")
+    wanted = {
+        key
+        for leaf in loader.graph.leaf_nodes(label)
+        for key in loader.graph.forwards_plan(leaf)
+        if key[0] == label
+    }
+    pending = sorted(name for app, name in wanted - set(loader.applied_migrations))
+    if pending:
+        shown = ", ".join(pending[:3]) + (
+            f" and {len(pending) - 3} more" if len(pending) > 3 else ""
+        )
+        return DatabaseProblem("not migrated", alias, f"{label} migrations {shown} not applied")
+    missing = sorted(
+        model._meta.db_table
+        for model in apps.get_app_config(label).get_models()
+        if model._meta.managed and not model._meta.proxy and model._meta.db_table not in tables
+    )
+    if missing:
+        return DatabaseProblem("not migrated", alias, f"no table {', '.join(missing)}")
+    return None

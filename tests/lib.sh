@@ -10,7 +10,10 @@ ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 STARTED_PIDS=()
 CLEANUP_DIRS=()
 
-log() { printf '\033[1m==> %s\033[0m\n' "$*" >&2; }
+# Bold on a terminal only: a log redirected to a file holds no escape sequences.
+log() {
+  if [ -t 2 ]; then printf '\033[1m==> %s\033[0m\n' "$*" >&2; else printf '==> %s\n' "$*" >&2; fi
+}
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import django
 import pytest
+from django.conf import settings as django_settings
+from django.core import checks
 
 from outbox.backends import OutboxBackend
 from outbox.checks.mailers import check_silent_delivery
@@ -217,6 +219,8 @@ def test_django_check_starts_without_warnings(module, tmp_path):
     env["DJANGO_SETTINGS_MODULE"] = module
     # The example's database is a file; without this it would be example.sqlite3 at the top.
     env["EXAMPLE_DB_PATH"] = str(tmp_path / "example.sqlite3")
+    # The suite's Redis, or outbox.W013 would say the example's is not running.
+    env["REDIS_URL"] = django_settings.CACHES["default"]["LOCATION"]
     result = subprocess.run(
         [sys.executable, "-W", "error", "-m", "django", "check"],
         cwd=ROOT,
@@ -257,7 +261,10 @@ SENTINEL = {
 
 def test_a_cluster_cache_passes(settings):
     settings.CACHES = {**settings.CACHES, "default": CLUSTER}
-    assert outbox_checks() == []
+    # Only W013: no cluster listens there (a cluster is tested in test_redis_topologies.py).
+    [warning] = outbox_checks()
+    assert warning.id == "outbox.W013"
+    assert "redis://127.0.0.1:7000, redis://127.0.0.1:7001" in warning.msg
 
 
 @pytest.mark.parametrize(
@@ -277,7 +284,9 @@ def test_e018_cluster_location(settings, location, fragment):
 
 def test_a_sentinel_cache_passes(settings):
     settings.CACHES = {**settings.CACHES, "default": SENTINEL}
-    assert outbox_checks() == []
+    [warning] = outbox_checks()  # only W013: no Sentinel listens there
+    assert warning.id == "outbox.W013"
+    assert "redis://mymaster/0 through Sentinels 127.0.0.1:26379" in warning.msg
 
 
 @pytest.mark.parametrize(
@@ -363,3 +372,38 @@ def test_no_e021_when_redis_cannot_be_asked(settings, maxmemory_policy):
     }
     outbox(settings, REDIS_CACHE="away")
     assert check_redis_eviction() == []
+
+
+# -- outbox.W013: the outbox's Redis does not answer ----------------------------------------
+
+
+def away_cache(settings, **options) -> str:
+    """Point the outbox at a Redis that is not running; returns its URL."""
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    settings.CACHES = {
+        **settings.CACHES,
+        "away": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": url,
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 1, "SOCKET_TIMEOUT": 1, **options},
+        },
+    }
+    outbox(settings, REDIS_CACHE="away")
+    return url
+
+
+@pytest.mark.parametrize("deploy", [False, True])
+def test_w013_an_unreachable_redis_is_a_warning_naming_its_address(settings, deploy):
+    url = away_cache(settings)
+    [warning] = outbox_checks(deploy=deploy)
+    assert warning.id == "outbox.W013" and warning.level == checks.WARNING
+    assert f"The outbox's Redis (cache 'away' at {url}) is unreachable: ConnectionError" in (
+        warning.msg
+    )
+
+
+def test_w013_hides_a_password_in_the_address(settings):
+    url = away_cache(settings)
+    settings.CACHES["away"]["LOCATION"] = url.replace("//", "//user:secret@")
+    [warning] = outbox_checks()
+    assert "secret" not in warning.msg and "//user:***@127.0.0.1:" in warning.msg

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import logging
 import signal
 
 import pytest
@@ -40,6 +41,34 @@ def test_pause_and_resume_commands_set_the_switches(queue):
     assert control.state(queue).paused_domains == {}
     with pytest.raises(CommandError, match="not a domain name"):
         run("outbox_pause", "--domain", "not a domain")
+
+
+def test_resume_says_it_once_and_logs_nothing(queue, caplog):
+    """The command's line is its output; a log line too would print it twice."""
+    caplog.set_level(logging.DEBUG, logger="outbox")
+    assert run("outbox_resume") == "Resumed sending.\n"
+    assert run("outbox_pause", "--domain", "gmail.com") == "Paused mail to gmail.com.\n"
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize(
+    ("command", "verb"), [("outbox_pause", "paused"), ("outbox_resume", "resumed")]
+)
+def test_pause_and_resume_without_redis_exit_75(settings, command, verb):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.3},
+        }
+    }
+    with pytest.raises(CommandError) as raised:
+        run(command)
+    assert raised.value.returncode == 75
+    assert (
+        f"Redis (cache 'default' at redis://127.0.0.1:1/0) is unreachable, nothing was {verb}"
+        in str(raised.value)
+    )
 
 
 def test_the_help_says_what_pause_does():

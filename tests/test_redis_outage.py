@@ -88,6 +88,24 @@ def test_enqueue_while_redis_is_down_then_sweep_and_deliver(private_redis, outbo
     assert report.remirrored == 0 and not report.errors
 
 
+def test_a_failed_push_is_one_warning_line(private_redis, caplog):
+    """A web request during an outage logs one line: the error, not its traceback."""
+    private_redis.stop()
+    caplog.set_level(logging.WARNING, logger="outbox")
+    enqueue_email("one", "b", None, ["one@example.com"])
+    enqueue_email("two", "b", None, ["a@example.com", "b@example.com"])
+    one, two = [r for r in caplog.records if "Redis is unreachable" in r.getMessage()]
+    assert one.exc_info is None and two.exc_info is None
+    assert "\n" not in one.getMessage()
+    assert "(ConnectionError: " in one.getMessage()
+    assert "1 queued delivery stays in the database until outbox_sweep mirrors it." in (
+        one.getMessage()
+    )
+    assert "2 queued deliveries stay in the database until outbox_sweep mirrors them." in (
+        two.getMessage()
+    )
+
+
 def test_worker_rides_out_a_redis_outage(private_redis, outbox_mail, caplog):
     caplog.set_level(logging.INFO, logger="outbox")
     worker = Worker()

@@ -243,6 +243,23 @@ def test_command_prints_one_line_and_json(queue, capsys):
     assert data["reaped"] == 0 and data["lock_held_elsewhere"] is False
 
 
+def test_a_pass_without_redis_fails_the_command(settings, capsys):
+    """Exit 75 (try again later), and the line says so and where (cron mails it)."""
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django_redis.cache.RedisCache",
+            "LOCATION": "redis://127.0.0.1:1/0",
+            "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 0.3},
+        }
+    }
+    with pytest.raises(SystemExit) as exited:
+        call_command("outbox_sweep", skip_checks=True)
+    assert exited.value.code == 75
+    out = capsys.readouterr().out
+    assert out.startswith("sweep failed: ")
+    assert "Redis (cache 'default' at redis://127.0.0.1:1/0) is unreachable: ConnectionError" in out
+
+
 def test_requeued_abandoned_row_is_delivered_by_a_worker(queue, outbox_mail):
     enqueue_email("s", "b", None, ["a@x.com"])
     simulate_dead_worker(queue, "dead-4", 1, mark=1)

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import redis
 from django.conf import settings
-from django.core.checks import CheckMessage, Error, Tags
+from django.core.checks import CheckMessage, Error, Tags, Warning
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import outbox_settings
-from ..queue.entries import get_connection
+from ..queue.entries import get_connection, redis_address
 from ..redis_cluster import startup_nodes
 from .settings import outbox_check
 
@@ -18,6 +19,11 @@ CLUSTER_CLIENT = "outbox.redis_cluster.ClusterClient"
 SENTINEL_CLIENT = "django_redis.client.SentinelClient"
 # Transactions (MULTI) on a cluster pipeline arrived in redis-py 6.1.
 CLUSTER_MIN_REDIS_PY = (6, 1)
+# How long check W013 waits for Redis' answer: every command that runs the
+# checks (migrate, runserver) waits this long at most, whatever the cache's
+# own connect timeout (none by default: a host that drops packets would hold
+# it for minutes).
+PING_PATIENCE = 3.0
 
 
 @outbox_check()
@@ -123,6 +129,55 @@ def _check_sentinel(options: dict[str, Any]) -> list[CheckMessage]:
     ]
 
 
+@outbox_check(Tags.caches)
+def check_redis_reachable(raw: dict[str, Any]) -> list[CheckMessage]:
+    """W013: the outbox's Redis answers a PING."""
+    return _check_redis_reachable()
+
+
+def _check_redis_reachable() -> list[CheckMessage]:
+    config = getattr(settings, "CACHES", {}).get(outbox_settings.REDIS_CACHE)
+    if not isinstance(config, dict) or not str(config.get("BACKEND", "")).startswith(
+        "django_redis."
+    ):
+        return []  # E002 / E003 report it
+    if _check_redis_topology():
+        return []  # E018 / E019: no use asking a server the client cannot reach as configured
+    failure: list[str] = []
+
+    def ping() -> None:
+        try:
+            client = get_connection()
+            client.ping()
+        except Exception as exc:  # whatever stops it, the check says it: a warning only
+            failure.append(f"{type(exc).__name__}: {exc}")
+            return
+        # Leave no connection behind: `outbox_worker --processes` forks after
+        # the checks, and its supervisor holds no socket.
+        pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        if pool is not None:
+            pool.disconnect(inuse_connections=False)
+
+    # A thread, so that the wait is bounded however the client is configured;
+    # a daemon, so that one still connecting does not keep the process alive.
+    thread = threading.Thread(target=ping, name="outbox check W013", daemon=True)
+    thread.start()
+    thread.join(PING_PATIENCE)
+    if thread.is_alive():
+        failure.append(f"no answer within {PING_PATIENCE:.0f}s")
+    if not failure:
+        return []
+    return [
+        Warning(
+            f"The outbox's Redis ({redis_address()}) is unreachable: {failure[0]}. "
+            "Mail is enqueued, but no worker sends it until Redis answers.",
+            hint="Start Redis, or point OUTBOX['REDIS_CACHE'] at a cache whose LOCATION "
+            "is where it listens.",
+            id="outbox.W013",
+        )
+    ]
+
+
 @outbox_check(Tags.caches, deploy=True)
 def check_redis_eviction(raw: dict[str, Any]) -> list[CheckMessage]:
     """E021: an evicting Redis breaks the protocol. Deploy only: it asks the server."""
@@ -134,7 +189,7 @@ def _check_redis_eviction() -> list[CheckMessage]:
 
     Asks the server itself (``CONFIG GET``). Says nothing when it cannot ask:
     the cache is not a django-redis one (E002 / E003), Redis is unreachable
-    (the worker and ``outbox_status`` report that), or ``CONFIG`` is disabled
+    (W013 reports that), or ``CONFIG`` is disabled
     or renamed, as managed Redis services often do.
     """
     config = getattr(settings, "CACHES", {}).get(outbox_settings.REDIS_CACHE)

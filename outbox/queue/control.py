@@ -148,11 +148,14 @@ def pause(domain: str | None = None, queue: RedisQueue | None = None, by: str = 
     """Stop claiming everywhere, or only for one recipient domain; returns the new state.
 
     ``by`` names who asked (the dashboard passes the admin user), for the log
-    line an operator reads to learn who paused.
+    line an operator reads to learn who paused. Without it nothing is logged:
+    the caller (``manage.py outbox_pause``) says it itself, once, and every
+    worker logs what it sees.
     """
     name = clean_domain(domain) if domain else ""
     state = _run(queue, "pause", name)
-    logger.warning("sending paused%s by %s", f" for {name}" if name else "", by or "the operator")
+    if by:
+        logger.warning("sending paused%s by %s", f" for {name}" if name else "", by)
     return state
 
 
@@ -165,7 +168,8 @@ def resume(
     """
     name = clean_domain(domain) if domain else ""
     state = _run(queue, "resume", name)
-    logger.warning("sending resumed%s by %s", f" for {name}" if name else "", by or "the operator")
+    if by:
+        logger.warning("sending resumed%s by %s", f" for {name}" if name else "", by)
     return state
 
 

@@ -39,12 +39,18 @@ def publish(entries: list[QueueEntry], *, force: bool = False) -> bool:
     """
     try:
         default_queue().push(entries, force=force)
-    except Exception:
+    except Exception as exc:  # whatever failed, the rows are committed: never raise
+        # One line per failed push: a web request during an outage logs one
+        # each, and a traceback would bury the log. The traceback is at DEBUG.
         logger.warning(
-            "Redis is unreachable; %d queued deliveries stay in the database until "
-            "outbox_sweep mirrors them.",
-            len(entries),
-            exc_info=True,
+            "Redis is unreachable (%s: %s); %s in the database until outbox_sweep mirrors %s.",
+            type(exc).__name__,
+            " ".join(str(exc).split()),
+            "1 queued delivery stays"
+            if len(entries) == 1
+            else f"{len(entries)} queued deliveries stay",
+            "it" if len(entries) == 1 else "them",
         )
+        logger.debug("the failed push to Redis", exc_info=True)
         return False
     return True

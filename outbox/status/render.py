@@ -48,6 +48,8 @@ def _render_valve(valve: dict[str, Any]) -> list[str]:
 
 def _render_database(db: dict[str, Any]) -> list[str]:
     if not db["ok"]:
+        if db.get("not_migrated"):
+            return [_("Database: not migrated (%(error)s)") % {"error": db["error"]}]
         return [_("Database: unreachable (%(error)s)") % {"error": db["error"]}]
     labels = dict(Delivery.Status.choices)
     header = [_("Deliveries"), *(str(dict(Delivery.Priority.choices)[p]) for p in PRIORITIES)]

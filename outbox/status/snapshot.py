@@ -15,7 +15,9 @@ keys may be added; none is renamed or removed without a new ``version``):
     patterns, or ``null``) and ``redirect_to`` (``null`` when off or unset).
 ``database``
     ``ok`` (bool) and ``error`` (``null``, or why the database could not be
-    read; the other keys are then missing), and:
+    read; the other keys are then missing, except ``not_migrated``: true when
+    the database answered but the outbox's migrations are not all applied,
+    false when it did not answer), and:
 
     ``by_status``
         ``{status: count}`` for every status (``queued``, ``processing``,
@@ -114,11 +116,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import connections, router
+from django.db import DatabaseError, connections, router
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q
 from django.utils import timezone
 
 from ..conf import PRIORITIES
+from ..db import database_problem
 from ..mail import valve
 from ..models import Delivery
 from ..queue.reliable import RedisQueue
@@ -190,7 +193,15 @@ def _database(now: datetime) -> tuple[dict[str, Any], dict[str, set[int]] | None
     try:
         return _read_database(now)
     except Exception as exc:  # report it; the Redis part may still be useful
-        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}, None
+        error = f"{type(exc).__name__}: {exc}"
+        problem = (
+            database_problem(router.db_for_read(Delivery))
+            if isinstance(exc, DatabaseError)
+            else None
+        )
+        if problem is not None and problem.kind == "not migrated":
+            return {"ok": False, "error": str(problem), "not_migrated": True}, None
+        return {"ok": False, "error": error, "not_migrated": False}, None
 
 
 def _read_database(now: datetime) -> tuple[dict[str, Any], dict[str, set[int]] | None]:

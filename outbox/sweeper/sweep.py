@@ -39,16 +39,17 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, connection, router
 from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
 from .. import operations
 from ..conf import outbox_settings
+from ..db import database_address, database_problem
 from ..models import Attempt, Delivery, Email
 from ..queue.clock import from_timestamp
-from ..queue.entries import QueueEntry
+from ..queue.entries import QueueEntry, redis_address
 from ..queue.reliable import RedisQueue
 from . import reconcile
 from .mirror import Mirror
@@ -79,6 +80,9 @@ class SweepReport:
     expired: int = 0  # queued rows past their expires_at, cancelled
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
+    # Why the pass could not be done (or finished): "redis", "database" (it
+    # does not answer) or "not migrated"; None when it was done.
+    failure: str | None = None
     errors: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -86,7 +90,7 @@ class SweepReport:
         if self.lock_held_elsewhere:
             return "sweep: another sweeper holds the lock; nothing done"
         text = (
-            f"sweep: returned to queue {self.returned}, marked abandoned {self.abandoned}, "
+            f"{'sweep failed' if self.failure else 'sweep'}: returned to queue {self.returned}, marked abandoned {self.abandoned}, "
             f"requeued {self.requeued}, failed {self.failed}, re-mirrored {self.remirrored}, "
             f"promoted {self.promoted}, dead workers reaped {self.reaped}"
         )
@@ -137,8 +141,9 @@ class Sweeper:
         except RedisError as exc:
             # Without Redis we can neither tell live workers from dead ones nor
             # repair the mirror; the rows are safe in the database meanwhile.
-            report.errors.append(f"Redis unavailable: {exc}")
-            logger.error("sweep skipped: Redis is unavailable (%s)", exc)
+            report.failure = "redis"
+            report.errors.append(f"Redis ({redis_address()}) is unreachable: {_why(exc)}")
+            logger.error("sweep skipped: %s", report.errors[-1])
             return report
         self._token = token
         try:
@@ -151,20 +156,32 @@ class Sweeper:
             if purge_sent_older_than is not None:
                 report.purged = self.purge_sent(purge_sent_older_than)
         except RedisError as exc:
-            report.errors.append(f"Redis error: {exc}")
-            logger.error("sweep interrupted by a Redis error: %s", exc)
+            report.failure = "redis"
+            report.errors.append(f"Redis ({redis_address()}) failed: {_why(exc)}")
+            logger.error("sweep interrupted: %s", report.errors[-1])
         except DatabaseError as exc:
             # The next pass starts over on a fresh connection; every change is
             # a conditional update, so a half-done pass leaves nothing wrong.
-            report.errors.append(f"database error: {exc}")
-            logger.error("sweep interrupted by a database error: %s", exc)
             connection.close()
+            self._database_failed(report, exc)
+            logger.error("sweep interrupted: %s", report.errors[-1])
         finally:
             self._token = ""
             with contextlib.suppress(RedisError):  # the lease expires by itself
                 self.queue.release_lock(token)
             report.seconds = time.monotonic() - started
         return report
+
+    def _database_failed(self, report: SweepReport, exc: DatabaseError) -> None:
+        """Say why the database failed the pass: it does not answer, or is not migrated."""
+        alias = router.db_for_write(Delivery)
+        problem = database_problem(alias)
+        if problem is not None and problem.kind == "not migrated":
+            report.failure = "not migrated"
+            report.errors.append(str(problem))
+        else:
+            report.failure = "database"
+            report.errors.append(f"{database_address(alias)} failed: {_why(exc)}")
 
     def _keep_lease(self) -> None:
         if self._token:
@@ -352,3 +369,8 @@ class Sweeper:
             ).delete()
             purged += len(batch)
             self._keep_lease()
+
+
+def _why(exc: BaseException) -> str:
+    """An exception as one line: its class and its message."""
+    return f"{type(exc).__name__}: {' '.join(str(exc).split())}"

@@ -2,7 +2,8 @@
 
 ``Backoff`` is the growing pause while Redis or the database is unreachable
 (0.2 s doubling to 5 s, so a failover is noticed within seconds but an outage is
-not hammered), logged once per outage. :func:`wait_idle` blocks while there is
+not hammered), logged once per outage; an outage that outlasts the worker's
+``give_up_after`` (``--give-up-after``) stops it. :func:`wait_idle` blocks while there is
 no work. The two closers drop a connection that may be dead without letting
 its goodbye raise.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connection
@@ -28,6 +30,7 @@ class Backoff:
     def __init__(self, worker: WorkerHost) -> None:
         self.worker = worker
         self.delay = 0.0
+        self.since = 0.0  # time.monotonic() when the outage began
 
     def reset(self) -> None:
         if self.delay:
@@ -37,6 +40,9 @@ class Backoff:
     def wait(self, what: str, exc: BaseException | None) -> None:
         if not self.delay:
             logger.warning("%s is unavailable (%s); backing off", what, exc or "error")
+            self.since = time.monotonic()
+        elif self.worker.outlasted(self.since, what, exc):
+            return  # the worker is stopping
         self.delay = min(max(self.delay * 2, 0.2), 5.0)
         self.worker.stop_event.wait(self.delay)
 

@@ -304,7 +304,9 @@ class SenderLoop:
             with transaction.atomic():
                 return write_outcome(s, now, self.worker.push_quietly)
 
-        changed = persist(write, s, self.worker.stop_event, drop_db_connection)
+        changed = persist(
+            write, s, self.worker.stop_event, drop_db_connection, self.worker.outlasted
+        )
         self.settlement = None
         if changed is not None:
             self._settled(s, changed)

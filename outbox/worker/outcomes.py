@@ -221,25 +221,32 @@ def attempt_logged(s: Settlement) -> bool:
 
 
 def persist(
-    write: Callable[[], int], s: Settlement, stop: threading.Event, drop: Callable[[], None]
+    write: Callable[[], int],
+    s: Settlement,
+    stop: threading.Event,
+    drop: Callable[[], None],
+    outlasted: Callable[[float, str, BaseException | None], bool] | None = None,
 ) -> int | None:
     """Run a settling write, retrying while the database is unreachable.
 
     The outcome is known (the mail server accepted the message, or refused
     it): writing it down is worth waiting for, so the thread retries until
     the database answers. Only during shutdown does it give up, after
-    FINALIZE_PATIENCE seconds; the row then stays ``processing`` and its id
-    stays in the processing list, and the sweeper flags it once this worker
+    FINALIZE_PATIENCE seconds, or once the outage ``outlasted`` the worker's
+    patience (``--give-up-after``); the row then stays ``processing`` and its
+    id stays in the processing list, and the sweeper flags it once this worker
     is gone. Returns the rows changed, or None when it gave up.
     """
-    deadline = time.monotonic() + FINALIZE_PATIENCE
+    started = time.monotonic()
+    deadline = started + FINALIZE_PATIENCE
     delay = 0.2
     while True:
         try:
             return write()
         except DatabaseError as exc:
             drop()
-            if stop.is_set() and time.monotonic() >= deadline:
+            gave_up = outlasted is not None and outlasted(started, "the database", exc)
+            if gave_up or (stop.is_set() and time.monotonic() >= deadline):
                 logger.error(
                     "could not record delivery %s (Message-ID %s) as %s: %s; the row "
                     "stays processing for the sweeper",

@@ -13,6 +13,12 @@ registration); this process then carries on as a new incarnation.
 on their own delivery connection and database connection; one more thread
 writes the heartbeat. A sender thread that crashes stops the process, which
 then exits with status 1.
+
+An unreachable Redis or database makes the threads back off and wait; with
+``give_up_after`` (``--give-up-after``, 30 s by default with ``--burst``) an
+outage that lasts that long stops the worker instead, with one error line
+naming what was unreachable and where, and exit status
+:data:`EXIT_UNAVAILABLE` (1 when the database answers but is not migrated).
 """
 
 from __future__ import annotations
@@ -35,10 +41,11 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
+from ..db import database_address, database_problem
 from ..mail.targets import get_delivery_connection
 from ..queue.clock import RedisClock
 from ..queue.control import ControlView
-from ..queue.entries import QueueEntry
+from ..queue.entries import QueueEntry, redis_address
 from ..queue.reliable import RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
@@ -53,6 +60,10 @@ logger = logging.getLogger("outbox.worker")
 # was sent less than this share of HEARTBEAT_TIMEOUT ago. The rest of the
 # timeout is the margin between the sweeper's clock and ours.
 LEASE_SHARE = 0.8
+
+# The exit status of a worker that gave up on an unreachable Redis or
+# database: EX_TEMPFAIL of sysexits.h ("try again later").
+EXIT_UNAVAILABLE = 75
 
 
 def default_worker_id() -> str:
@@ -78,9 +89,12 @@ class Worker:
         queue: RedisQueue | None = None,
         summary_interval: float = 60.0,
         progress: Callable[[int, float], None] | None = None,
+        give_up_after: float | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be at least 1")
+        if give_up_after is not None and give_up_after <= 0:
+            raise ValueError("give_up_after must be positive")
         self.name = worker_id or default_worker_id()
         self.worker_id = new_incarnation(self.name)
         self.concurrency = concurrency
@@ -89,6 +103,11 @@ class Worker:
         self.queue = queue or RedisQueue()
         self.summary_interval = summary_interval
         self.progress = progress
+        # Seconds an outage of Redis or the database may last before the
+        # worker stops (None: it waits for ever); and, once it gave up, its
+        # exit status.
+        self.give_up_after = give_up_after
+        self.gave_up: int | None = None
         self.stop_event = threading.Event()
         self.stats = Stats()
         self.clock = RedisClock()
@@ -129,10 +148,23 @@ class Worker:
     # -- life cycle ---------------------------------------------------------------
 
     def run(self, install_signal_handlers: bool = True) -> int:
-        """Run until stopped; returns the exit status: 0, or 1 if a sender thread crashed."""
+        """Run until stopped; returns the exit status.
+
+        0; 1 if a sender thread crashed; :data:`EXIT_UNAVAILABLE` (or 1: not
+        migrated) if it gave up on an outage (``give_up_after``).
+        """
+        # From here: a worker that waited for Redis before its threads started
+        # ran for that long too.
+        started = time.monotonic()
         if install_signal_handlers:
             self._install_signal_handlers()
         self.lease_from = self._register(self.worker_id)
+        if self.gave_up is None and self.give_up_after is not None:
+            self._wait_for_the_database()
+            if self.gave_up is not None:
+                self._deregister()  # registered: Redis answered
+        if self.gave_up is not None:
+            return self.gave_up
         logger.info(
             "worker %s started: concurrency %d%s",
             self.worker_id,
@@ -147,7 +179,6 @@ class Worker:
             threading.Thread(target=self._thread_main, args=(i,), name=f"outbox-sender-{i}")
             for i in range(self.concurrency)
         ]
-        started = time.monotonic()
         for thread in threads:
             thread.start()
         last_summary = time.monotonic()
@@ -170,7 +201,60 @@ class Worker:
             self.delivered_total,
             "; a sender thread crashed" if self.crashed else "",
         )
+        if self.gave_up is not None:
+            return self.gave_up
         return 1 if self.crashed else 0
+
+    def outlasted(self, since: float, what: str, exc: BaseException | None) -> bool:
+        """Whether an outage of ``what`` that began at ``since`` stops the worker.
+
+        True (once ``give_up_after`` has passed): the worker gives up, logging
+        one error line that names what was unreachable, where, and why, and
+        stops. Called by whichever thread waits; the first one to give up speaks.
+        """
+        if self.give_up_after is None or time.monotonic() - since < self.give_up_after:
+            return False
+        with self._lock:
+            first = self.gave_up is None
+            if first:
+                self.gave_up = EXIT_UNAVAILABLE  # until _outage() says which
+        if first:
+            message, self.gave_up = self._outage(what, exc, time.monotonic() - since)
+            logger.error("worker %s giving up: %s", self.worker_id, message)
+        self.stop_event.set()
+        return True
+
+    def _outage(self, what: str, exc: BaseException | None, lasted: float) -> tuple[str, int]:
+        """The give-up line's text and the exit status, for an outage of ``what``."""
+        why = f"{type(exc).__name__}: {exc}" if exc is not None else "no answer"
+        if what == "the database":
+            problem = database_problem(DEFAULT_DB_ALIAS)
+            if problem is not None and problem.kind == "not migrated":
+                return str(problem), 1
+            where = database_address(DEFAULT_DB_ALIAS)
+            return f"{where} unreachable for {lasted:.0f}s ({why})", EXIT_UNAVAILABLE
+        if what == "the heartbeat lease":
+            why = "no heartbeat reached it"
+        return f"Redis ({redis_address()}) unreachable for {lasted:.0f}s ({why})", EXIT_UNAVAILABLE
+
+    def _wait_for_the_database(self) -> None:
+        """Before the threads start: the database answers, or the worker gives up.
+
+        Only with ``give_up_after``: a burst run that finds no id in Redis
+        would otherwise exit 0 without having asked the database at all.
+        """
+        since = time.monotonic()
+        while not self.stop_event.is_set():
+            try:
+                connection.ensure_connection()
+                return
+            except DatabaseError as exc:
+                with contextlib.suppress(DatabaseError):
+                    connection.close()
+                if self.outlasted(since, "the database", exc):
+                    return
+                logger.warning("cannot reach the database (%s); retrying", exc)
+                self.stop_event.wait(1.0)
 
     def _write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
         """The group commit's write, on the step connection; one writer at a time."""
@@ -238,12 +322,15 @@ class Worker:
 
     def _register(self, worker_id: str) -> float:
         """Register ``worker_id``; returns when the call that did it was sent (monotonic)."""
+        since = time.monotonic()
         while True:
             sent_at = time.monotonic()
             try:
                 self.clock.observe(self.queue.register(worker_id))
                 return sent_at
             except RedisError as exc:
+                if self.outlasted(since, "Redis", exc):
+                    return float("-inf")
                 logger.warning("cannot register with Redis (%s); retrying", exc)
                 if self.stop_event.wait(1.0):
                     return float("-inf")  # stopping, unregistered: no lease at all

@@ -31,7 +31,9 @@ The rules:
   is not restarted. The supervisor exits when no child is left;
 - with ``--burst`` no child is restarted: a burst run is a one-off job, and a
   child that fails should fail the job rather than crash in a loop. The exit
-  status is 0 if every child exited 0, else 1;
+  status is 0 if every child exited 0, the children's exit status if all that
+  failed exited alike (75: they gave up on an unreachable Redis or database),
+  else 1;
 - the first SIGTERM or SIGINT is passed on to every child as SIGTERM (each
   finishes the messages in hand and exits 0), then the supervisor exits 0 when
   all have. SIGTERM, not SIGINT: a terminal's Ctrl-C already reaches the
@@ -206,7 +208,7 @@ class Supervisor:
         os.set_blocking(self._wake_w, False)
 
     def run(self, install_signal_handlers: bool = True) -> int:
-        """Supervise until every child is done; returns the exit status (0, 1 or 130)."""
+        """Supervise until every child is done; returns the exit status (see the rules above)."""
         if install_signal_handlers:
             self._install_signal_handlers()
         try:
@@ -358,4 +360,9 @@ class Supervisor:
 
     def _exit_status(self) -> int:
         codes = [c.returncode for c in self.children]
-        return 0 if all(code is not None and self._clean(code) for code in codes) else 1
+        if all(code is not None and self._clean(code) for code in codes):
+            return 0
+        # Children that all failed alike (75: they gave up on an outage) say why.
+        failed = {code for code in codes if code is None or not self._clean(code)}
+        code = failed.pop() if len(failed) == 1 else None
+        return code if code is not None and code > 0 else 1

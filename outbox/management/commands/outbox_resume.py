@@ -1,4 +1,7 @@
-"""``manage.py outbox_resume``: undo outbox_pause (see outbox.queue.control)."""
+"""``manage.py outbox_resume``: undo outbox_pause (see outbox.queue.control).
+
+Exit status: 0 when done, 1 for a malformed domain, 75 when Redis is unreachable.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,10 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ...queue import control
+from ...queue.entries import redis_address
+
+# As outbox_worker and outbox_sweep: EX_TEMPFAIL of sysexits.h, "try again later".
+EXIT_UNAVAILABLE = 75
 
 
 class Command(BaseCommand):
@@ -33,7 +40,11 @@ class Command(BaseCommand):
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         except RedisError as exc:
-            raise CommandError(f"Redis is unreachable, nothing was resumed: {exc}") from exc
+            raise CommandError(
+                f"Redis ({redis_address()}) is unreachable, nothing was resumed: "
+                f"{type(exc).__name__}: {exc}",
+                returncode=EXIT_UNAVAILABLE,
+            ) from exc
         if domain:
             self.stdout.write(f"Resumed mail to {domain.strip().lower()}.")
         elif state.paused_domains:

@@ -1,9 +1,16 @@
-"""``manage.py outbox_sweep``: repair what dead workers and lost Redis data left behind."""
+"""``manage.py outbox_sweep``: repair what dead workers and lost Redis data left behind.
+
+Exit status of one pass: 0 when it was done (another sweeper holding the lock
+counts: that one does it); 75 when Redis or the database did not answer (try
+again later); 1 when the database is not migrated. With ``--loop`` a failed
+pass is printed and the next one tried; the loop exits 0 on SIGTERM/SIGINT.
+"""
 
 from __future__ import annotations
 
 import json
 import signal
+import sys
 import threading
 from types import FrameType
 from typing import Any
@@ -11,6 +18,10 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from ...sweeper.sweep import Sweeper
+
+# The exit status of a pass that could not be done, by SweepReport.failure:
+# 75 is EX_TEMPFAIL of sysexits.h ("try again later"), as outbox_worker's.
+FAILURE_EXIT = {"redis": 75, "database": 75, "not migrated": 1}
 
 
 class Command(BaseCommand):
@@ -70,5 +81,10 @@ class Command(BaseCommand):
             else:
                 self.stdout.write(report.line())
             self.stdout.flush()
-            if options["loop"] is None or stop.wait(options["loop"]):
+            if options["loop"] is None:
+                if report.failure:
+                    # The reason is in the line above (and in the sweeper's log).
+                    sys.exit(FAILURE_EXIT[report.failure])
+                break
+            if stop.wait(options["loop"]):
                 break

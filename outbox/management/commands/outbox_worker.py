@@ -4,6 +4,12 @@ Parses and checks the command line, sets up logging and runs one
 :class:`~outbox.worker.Worker` until it stops; with ``--processes N`` (N > 1),
 a :class:`~outbox.worker.supervisor.Supervisor` that runs N such commands as
 child processes instead.
+
+Exit status: 0 when stopped (SIGTERM, SIGINT, ``--burst`` done,
+``--max-messages`` reached); 1 when a system check fails (not migrated:
+outbox.E025) or a sender thread crashed; 2 for a wrong command line;
+75 (:data:`~outbox.worker.process.EXIT_UNAVAILABLE`) when it gave up on an
+unreachable Redis or database (``--give-up-after``); 130 after a second SIGINT.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ VERBOSITY_LEVELS = {0: logging.WARNING, 1: logging.INFO, 2: logging.DEBUG, 3: lo
 # why "#" is reserved.
 MAX_WORKER_ID_LENGTH = 200
 
+# A --burst run from cron or CI must end: it gives up on an outage of Redis or
+# the database after this many seconds unless --give-up-after says otherwise.
+BURST_GIVE_UP_AFTER = 30.0
+
 
 class Command(BaseCommand):
     help = (
@@ -42,7 +52,20 @@ class Command(BaseCommand):
         parser.add_argument(
             "--burst",
             action="store_true",
-            help="Deliver everything that is due, then exit 0 (later scheduled mail does not wait).",
+            help=(
+                "Deliver everything that is due, then exit 0 (later scheduled mail does not "
+                "wait); exit 75 if Redis or the database stays away for --give-up-after."
+            ),
+        )
+        parser.add_argument(
+            "--give-up-after",
+            type=float,
+            metavar="SECONDS",
+            help=(
+                "Exit with status 75 once Redis or the database has been unreachable "
+                f"this long (default: {BURST_GIVE_UP_AFTER:.0f} with --burst; without "
+                "--burst the worker waits for them however long it takes)."
+            ),
         )
         parser.add_argument(
             "--concurrency",
@@ -93,6 +116,10 @@ class Command(BaseCommand):
             raise CommandError("--max-messages must be at least 1")
         if options["processes"] < 1:
             raise CommandError("--processes must be at least 1")
+        if options["give_up_after"] is not None and not options["give_up_after"] > 0:
+            raise CommandError("--give-up-after needs a positive number of seconds")
+        if options["give_up_after"] is None and options["burst"]:
+            options["give_up_after"] = BURST_GIVE_UP_AFTER
         if options["processes"] > 1 and options["max_messages"] is not None:
             # A restarted child would count from zero again, so the total could
             # not be kept: refused rather than split.
@@ -102,9 +129,14 @@ class Command(BaseCommand):
             if options["processes"] > 1:
                 check_worker_id(child_worker_id(options["worker_id"], options["processes"] - 1))
         if not options["skip_checks"]:
-            # The checks that ask the database too (outbox.E022): a worker
+            # The checks that ask the database too (outbox.E022, and E025, a
+            # deployment check so that it does not stop `migrate`): a worker
             # whose every step would fail refuses to start instead.
-            self.check(tags=[Tags.database], databases=[DEFAULT_DB_ALIAS])
+            self.check(
+                tags=[Tags.database],
+                databases=[DEFAULT_DB_ALIAS],
+                include_deployment_checks=True,
+            )
             connections.close_all()  # no connection may cross the supervisor's fork
         self._configure_logging(options["verbosity"])
         if options["processes"] > 1:
@@ -120,6 +152,7 @@ class Command(BaseCommand):
             max_messages=options["max_messages"],
             summary_interval=options["summary_interval"],
             progress=progress,
+            give_up_after=options["give_up_after"],
         )
         code = worker.run()
         if progress is not None:
@@ -156,6 +189,7 @@ def _child_worker(options: dict[str, Any], index: int) -> int:
         concurrency=options["concurrency"],
         burst=options["burst"],
         summary_interval=options["summary_interval"],
+        give_up_after=options["give_up_after"],
     ).run()
 
 
@@ -178,6 +212,8 @@ def child_arguments(options: dict[str, Any], index: int) -> list[str]:
     ]
     if options["burst"]:
         args.append("--burst")
+    if options.get("give_up_after") is not None:
+        args += ["--give-up-after", repr(options["give_up_after"])]
     if options["worker_id"] is not None:
         args += ["--worker-id", child_worker_id(options["worker_id"], index)]
     # --settings is already in the environment the child inherits.
