@@ -100,15 +100,26 @@ def q(
     gone_after: float = 40,
     worker: str = "",
     mailer: str = "",
+    server: str = "mx",
+    address: str = "",
 ):
-    return Question(pk, mid, rcpt, start, start + timedelta(seconds=gone_after), worker, mailer)
+    """The question about an attempt handed to ``server`` (the log lines' host is "mx")."""
+    gone = start + timedelta(seconds=gone_after)
+    return Question(pk, mid, rcpt, start, gone, worker, mailer, server, address)
 
 
-def sibling(at: datetime, worker: str = WORKER, mailer: str = "") -> str:
-    """A row ``worker`` marked sent through ``mailer`` at ``at``; its Message-ID."""
+def sibling(
+    at: datetime, worker: str = WORKER, mailer: str = "", server: str = "mx", address: str = ""
+) -> str:
+    """A row ``worker`` marked sent through ``mailer`` to ``server`` at ``at``; its Message-ID."""
     [row] = enqueue_email("s", "b", None, ["sib@example.org"])
     Delivery.objects.filter(pk=row.pk).update(
-        status=Delivery.Status.SENT, worker_id=worker, sent_at=at, processing_started_at=at
+        status=Delivery.Status.SENT,
+        worker_id=worker,
+        sent_at=at,
+        processing_started_at=at,
+        server_host=server,
+        server_address=address,
     )
     Email.objects.filter(pk=row.email_id).update(mailer=mailer)
     return row.message_id
