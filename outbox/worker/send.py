@@ -126,6 +126,7 @@ class Sender:
             return Settlement(started, Outcome.RELEASED, f"could not note the server: {exc}")
         if not ours:
             return Settlement(started, Outcome.RELEASED, "settled elsewhere before the send")
+        fault("after_note_server")
         return None
 
     def idle(self, paused: bool) -> None:
