@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import smtplib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -352,6 +353,13 @@ def test_a_connection_opened_elsewhere_is_named_by_its_ehlo_reply(relay_a):
     with smtplib.SMTP("127.0.0.1", relay_a.port, timeout=5) as client:
         client.ehlo()
         assert server_of(client) == Server("relay-a.test", f"127.0.0.1:{relay_a.port}")
+
+
+def test_the_sendmail_backend_names_this_host():
+    """The local MTA takes the message: its log is this host's."""
+    from outbox.backends import SendmailBackend
+
+    assert handover_server(SendmailBackend()) == Server(socket.gethostname())
 
 
 def test_a_backend_without_an_smtp_connection_names_no_server():
