@@ -66,9 +66,6 @@ class Server:
     host: str
     address: str = ""
 
-    def __str__(self) -> str:
-        return " ".join(part for part in (self.host, self.address and f"({self.address})") if part)
-
 
 class _Handover:
     """Per-connection state of :func:`watch_handover`: where ``data()`` is."""
