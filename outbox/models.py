@@ -28,6 +28,11 @@ WORKER_ID_MAX_LENGTH = 255
 # A mailer alias (Email.mailer): MAILERS aliases and OUTBOX["BACKENDS"] keys are short names.
 MAILER_MAX_LENGTH = 100
 
+# Where a message was handed over: a DNS name (at most 253 characters) and
+# "ip:port" or "[ipv6]:port" (at most 47).
+SERVER_HOST_MAX_LENGTH = 255
+SERVER_ADDRESS_MAX_LENGTH = 64
+
 
 class Email(models.Model):
     """The content of one ``enqueue_email`` call, shared by all its deliveries."""
@@ -168,6 +173,19 @@ class Delivery(models.Model):
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
     processing_started_at = models.DateTimeField(_("processing started"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
+    # The server the latest attempt handed the message to (outbox/mail/handover.py,
+    # handover_server), written before SMTP's final dot while OUTBOX["RECONCILERS"]
+    # is set: a reconciler may rule a handover out only from that server's log.
+    server_host = models.CharField(
+        _("server"), max_length=SERVER_HOST_MAX_LENGTH, blank=True, default="", db_default=""
+    )
+    server_address = models.CharField(
+        _("server address"),
+        max_length=SERVER_ADDRESS_MAX_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+    )
     # Unique through Meta.constraints, not unique=True: on PostgreSQL Django adds
     # a second, varchar_pattern_ops index to a unique=True CharField (for LIKE
     # queries nobody runs here), and every status change would write it too.
@@ -285,6 +303,18 @@ class Attempt(models.Model):
     # No default: every Attempt is written once its outcome is known.
     outcome = models.CharField(_("outcome"), max_length=16, choices=Outcome.choices)
     error = models.TextField(_("error"), blank=True, default="")
+    # Where the message was handed over: the server's greeting host name and the
+    # peer address (ip:port) of the connection; blank when none was reached.
+    server_host = models.CharField(
+        _("server"), max_length=SERVER_HOST_MAX_LENGTH, blank=True, default="", db_default=""
+    )
+    server_address = models.CharField(
+        _("server address"),
+        max_length=SERVER_ADDRESS_MAX_LENGTH,
+        blank=True,
+        default="",
+        db_default="",
+    )
     # A worker id, "sweeper" or "admin:<username>" (usernames are up to 150).
     actor = models.CharField(
         _("by"),

@@ -1,6 +1,8 @@
 """A fault-injecting TCP proxy on loopback, for tests of a client against a real server.
 
-``with FaultProxy(redis_server.port) as proxy:`` listens on ``127.0.0.1:proxy.port``;
+``with FaultProxy(redis_server.port) as proxy:`` listens on ``127.0.0.1:proxy.port``
+(``FaultProxy(a.port, pool=[b.port])``: each new connection goes to the next
+server in turn, a round-robin balancer in front of a pool);
 ``lost = proxy.swallow_reply(b"INCR")`` loses the reply to the next INCR;
 ``wait_until(lambda: lost.fired == 1)``. With ``refuse_after=2.0`` the server
 then goes away at that very moment: every connection is cut and new ones are
@@ -26,6 +28,7 @@ import struct
 import threading
 import time
 from collections import deque
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -119,8 +122,12 @@ def _close(sock: socket.socket, reset: bool) -> None:
 class FaultProxy:
     """A TCP proxy from ``127.0.0.1:self.port`` to ``host:port``, with faults to inject."""
 
-    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+    def __init__(self, port: int, host: str = "127.0.0.1", *, pool: Sequence[int] = ()) -> None:
         self.target = (host, port)
+        # With a pool, each new connection goes to the next of these, in turn:
+        # one address in front of several servers, as a load balancer is.
+        self.targets = [self.target, *((host, p) for p in pool)]
+        self.next_target = 0
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.setblocking(False)
         self.port = int(self.listener.getsockname()[1])
@@ -301,8 +308,10 @@ class FaultProxy:
             if refusing:
                 _close(client, reset=True)
                 continue
+            target = self.targets[self.next_target % len(self.targets)]
+            self.next_target += 1
             try:
-                server = socket.create_connection(self.target, timeout=5)
+                server = socket.create_connection(target, timeout=5)
             except OSError:
                 _close(client, reset=True)
                 continue

@@ -5,7 +5,9 @@
   message (envelope recipients and Message-ID) and can refuse chosen ones. With
   ``after_data="cut"`` it records the message and then closes the connection
   instead of replying to the final dot; with ``after_data="stall"`` it records
-  it and never replies (until stopped).
+  it and never replies (until stopped). With ``greeting_host`` and ``log`` it
+  greets as that host and writes a Postfix-style mail log under that host
+  name, as one relay of a pool would.
 - :class:`SilentServer`: accepts TCP connections and never says a word (no
   SMTP greeting), until stopped.
 
@@ -27,6 +29,8 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import redis
@@ -133,12 +137,21 @@ class SMTPRecorder:
     (close the connection without a reply: the client cannot know the server
     has it) or ``"stall"`` (keep the connection open and never reply).
     ``data_reply`` replaces the 250 of ``"reply"`` (e.g. "554 rejected").
+
+    ``greeting_host``: the host name of its 220 greeting and EHLO reply.
+    ``log``: a file it writes Postfix's lines to, RFC 3339 stamps and
+    ``greeting_host`` as the syslog host field: ``cleanup`` and ``qmgr``
+    "(queue active)" for each message it takes, before it answers the final
+    dot (as Postfix commits a message before its 250), and a line of
+    ``anvil`` statistics on :meth:`log_tick` (the log goes on past a moment).
     """
 
     refuse: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     after_data: str = "reply"
     data_reply: str = "250 Message accepted for delivery"
+    greeting_host: str = ""
+    log: Path | None = None
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -147,9 +160,24 @@ class SMTPRecorder:
 
         assert self.after_data in ("reply", "cut", "stall"), self.after_data
         self.port = free_port()
-        self.controller = Controller(self, hostname="127.0.0.1", port=self.port)
+        self.controller = Controller(
+            self, hostname="127.0.0.1", port=self.port, server_hostname=self.greeting_host or None
+        )
         self.controller.start()
+        self.log_tick()
         return self
+
+    def log_tick(self) -> None:
+        """A Postfix line stamped now (nothing if there is no log)."""
+        self._log_lines("postfix/anvil[7]: statistics: max connection rate 1/60s")
+
+    def _log_lines(self, *lines: str) -> None:
+        if self.log is None:
+            return
+        stamp = datetime.now(UTC).isoformat(timespec="microseconds")
+        host = self.greeting_host or "localhost"
+        with self.lock, self.log.open("a") as out:
+            out.writelines(f"{stamp} {host} {line}\n" for line in lines)
 
     def stop(self) -> None:
         self.controller.stop()
@@ -180,6 +208,12 @@ class SMTPRecorder:
                     raw,
                 )
             )
+            qid = f"{len(self.received):04d}ABCDEF"
+        self._log_lines(
+            f"postfix/cleanup[812]: {qid}: message-id={parsed['Message-ID']}",
+            f"postfix/qmgr[600]: {qid}: from=<{envelope.mail_from}>, size={len(raw)}, "
+            f"nrcpt={len(envelope.rcpt_tos)} (queue active)",
+        )
         if self.after_data == "cut":
             # A FIN with no reply; aiosmtpd then cancels this handler.
             server.transport.close()

@@ -19,6 +19,7 @@ database names:
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
   where a worker subprocess delivers (see "Email" below)
 - OUTBOX_TEST_RATE_LIMITS: OUTBOX["RATE_LIMITS"] as JSON, for worker subprocesses
+- OUTBOX_TEST_POSTFIX_LOG: configure PostfixLogReconciler on that log, for worker subprocesses
 """
 
 import json
@@ -135,6 +136,10 @@ if os.environ.get("OUTBOX_TEST_ABANDONED_POLICY"):
     OUTBOX["ABANDONED_POLICY"] = os.environ["OUTBOX_TEST_ABANDONED_POLICY"]
 if os.environ.get("OUTBOX_TEST_SEND_TIMEOUT"):
     OUTBOX["SEND_TIMEOUT"] = float(os.environ["OUTBOX_TEST_SEND_TIMEOUT"])
+if os.environ.get("OUTBOX_TEST_POSTFIX_LOG"):
+    # A worker with a log reconciler configured names each row's server before the send.
+    OUTBOX["RECONCILERS"] = ["outbox.reconcilers.PostfixLogReconciler"]
+    OUTBOX["POSTFIX_LOG"] = os.environ["OUTBOX_TEST_POSTFIX_LOG"]
 if os.environ.get("OUTBOX_TEST_RATE_LIMITS"):
     OUTBOX["RATE_LIMITS"] = json.loads(os.environ["OUTBOX_TEST_RATE_LIMITS"])
 

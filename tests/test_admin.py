@@ -320,6 +320,8 @@ def test_detail_page_shows_what_the_operator_needs(admin_client):
         outcome=Outcome.ABANDONED,
         error="worker went away",
         actor="sweeper",
+        server_host="relay-b.example.com",
+        server_address="192.0.2.25:25",
     )
     operations.mark_failed([delivery.pk], actor="admin:alice")
 
@@ -333,6 +335,8 @@ def test_detail_page_shows_what_the_operator_needs(admin_client):
     assert "marked failed by admin:alice" in content  # last_error
     assert "outbox-status-failed" in content
     assert reverse("admin:outbox_email_change", args=[delivery.email_id]) in content
+    # Where the attempt handed the message over (a pool of relays: which one).
+    assert "relay-b.example.com (192.0.2.25:25)" in content
     # The attempt log, oldest first, with who did what.
     inline = response.context["inline_admin_formsets"][0]
     attempts = [form.original for form in inline]

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import smtplib
+import socket
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,7 +28,7 @@ from django.core.management import call_command
 from outbox import enqueue_email
 from outbox.exceptions import AmbiguousDeliveryError, DeliveryError, OutboxError
 from outbox.mail.failures import FailureKind, classify, is_ambiguous, is_permanent
-from outbox.mail.handover import watch_handover
+from outbox.mail.handover import Server, handover_server, server_of, watch_handover
 from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
 from tests.servers import SMTPRecorder, free_port
@@ -245,6 +246,9 @@ def test_worker_abandons_an_ambiguous_send_under_review(settings, cutting_server
     assert attempt.outcome == Attempt.Outcome.AMBIGUOUS
     assert delivery.message_id in attempt.error
     assert cutting_server.by_message_id() == {delivery.message_id: 1}
+    # The attempt names where it went; the row does only for a reconciler (none here).
+    assert attempt.server_address == f"127.0.0.1:{cutting_server.port}" and attempt.server_host
+    assert (delivery.server_host, delivery.server_address) == ("", "")
 
     # Nothing resends it: not another worker run, not a sweep.
     call_command("outbox_sweep", "--full-mirror-check", stdout=io.StringIO())
@@ -324,3 +328,68 @@ def test_a_refusal_at_rcpt_is_still_retried_or_failed_by_the_worker(settings):
         assert server.count() == 0
     finally:
         server.stop()
+
+
+# -- where the message went -------------------------------------------------------
+
+
+@pytest.fixture
+def relay_a() -> Iterator[SMTPRecorder]:
+    server = SMTPRecorder(greeting_host="relay-a.test").start()
+    yield server
+    server.stop()
+
+
+def test_a_watched_connection_names_the_server_of_its_greeting(settings, relay_a):
+    backend = watched_smtp(settings, relay_a.port)
+    try:
+        assert handover_server(backend) == Server("relay-a.test", f"127.0.0.1:{relay_a.port}")
+    finally:
+        backend.close()
+
+
+def test_a_connection_opened_elsewhere_is_named_by_its_ehlo_reply(relay_a):
+    """No greeting kept (not opened through bound_send_time): the EHLO reply's host."""
+    with smtplib.SMTP("127.0.0.1", relay_a.port, timeout=5) as client:
+        client.ehlo()
+        assert server_of(client) == Server("relay-a.test", f"127.0.0.1:{relay_a.port}")
+
+
+def test_the_sendmail_backend_names_this_host():
+    """The local MTA takes the message: its log is this host's."""
+    from outbox.backends import SendmailBackend
+
+    assert handover_server(SendmailBackend()) == Server(socket.gethostname())
+
+
+def test_a_backend_without_an_smtp_connection_names_no_server():
+    from django.core.mail.backends.locmem import EmailBackend
+
+    assert handover_server(EmailBackend()) is None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_with_a_reconciler_the_row_names_its_server_before_the_final_dot(
+    settings, tmp_path, cutting_server
+):
+    """The worker writes the server on the row before the hand-over: it is there after a cut."""
+    use_smtp(
+        settings,
+        cutting_server.port,
+        SEND_TIMEOUT=5.0,
+        ABANDONED_POLICY="review",
+        RECONCILERS=["outbox.reconcilers.PostfixLogReconciler"],
+        POSTFIX_LOG=str(tmp_path / "mail.log"),
+    )
+    [delivery] = enqueue_email("Hi", "Body", "shop@example.com", ["a@example.com"])
+
+    run_worker()
+
+    delivery.refresh_from_db()
+    [attempt] = delivery.attempt_log.all()
+    assert delivery.status == Status.ABANDONED and attempt.outcome == Attempt.Outcome.AMBIGUOUS
+    assert delivery.server_address == f"127.0.0.1:{cutting_server.port}"
+    assert (delivery.server_host, delivery.server_address) == (
+        attempt.server_host,
+        attempt.server_address,
+    )

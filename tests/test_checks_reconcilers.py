@@ -1,4 +1,7 @@
-"""outbox.W010: a log reconciler while the worker hands mail over by SMTP to another host."""
+"""outbox.W010: a log reconciler while the worker hands mail over by SMTP to another host.
+
+outbox.W014: a log reconciler while a delivery host name resolves to several addresses.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +9,12 @@ import socket
 
 import pytest
 
-from outbox.checks.reconcilers import check_log_reconciler_targets, is_local
+from outbox.checks.reconcilers import (
+    addresses,
+    check_log_reconciler_pool,
+    check_log_reconciler_targets,
+    is_local,
+)
 from outbox.mail.targets import HAS_MAILERS
 from outbox.reconcilers import PostfixLogReconciler
 from tests.checking import outbox_checks
@@ -108,3 +116,63 @@ def test_the_check_is_registered(settings):
     # Registered with Django's checks (only the outbox's are run: the model
     # checks would need the database on SQLite).
     assert "outbox.W010" in [m.id for m in outbox_checks()]
+
+
+# -- W014: one host name, several relays -----------------------------------------------
+
+
+def pool_warnings() -> list[str]:
+    return [m.msg for m in check_log_reconciler_pool() if m.id == "outbox.W014"]
+
+
+@pytest.fixture
+def dns(monkeypatch):
+    """Names that resolve to the addresses given; the rest as this host resolves them."""
+    names: dict[str, list[str]] = {}
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host, port, *args, **kwargs):
+        if host in names:
+            return [
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", (ip, port or 0)) for ip in names[host]
+            ]
+        return real(host, port, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return names
+
+
+def test_a_delivery_host_with_several_addresses_warns(settings, dns):
+    dns["relays.example.com"] = ["192.0.2.10", "192.0.2.11"]
+    configure(settings, "relays.example.com")
+    [message] = pool_warnings()
+    assert "relays.example.com (192.0.2.10, 192.0.2.11)" in message and POSTFIX in message
+
+
+def test_a_mailers_pool_warns_too(settings, dns):
+    dns["bulk.example.com"] = ["192.0.2.20", "192.0.2.21", "192.0.2.20"]
+    configure(
+        settings,
+        "127.0.0.1",
+        mailers={"bulk": {"BACKEND": SMTP, "OPTIONS": {"host": "bulk.example.com"}}},
+    )
+    [message] = pool_warnings()
+    assert "mailer 'bulk'" in message and "(192.0.2.20, 192.0.2.21)" in message
+
+
+def test_one_address_no_reconciler_or_loopback_does_not_warn(settings, dns):
+    dns["one.example.com"] = ["192.0.2.30"]
+    dns["relays.example.com"] = ["192.0.2.10", "192.0.2.11"]
+    dns["localhost"] = ["127.0.0.1", "::1"]
+    configure(settings, "one.example.com")
+    assert pool_warnings() == []
+    configure(settings, "localhost")
+    assert pool_warnings() == []
+    configure(settings, "relays.example.com", reconciler="tests.test_reconcile.Scripted")
+    assert pool_warnings() == []
+
+
+def test_a_name_that_does_not_resolve_is_not_this_checks_business(settings):
+    assert addresses("no-such-relay.invalid") == []
+    configure(settings, "no-such-relay.invalid")
+    assert pool_warnings() == []

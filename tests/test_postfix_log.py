@@ -21,6 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from outbox import enqueue_email
 from outbox.models import Delivery, Email
 from outbox.reconcilers import PostfixLogReconciler, Question, Verdict
+from outbox.reconcilers.evidence import log_host_matches
 from outbox.reconcilers.postfix_log import host_zone, log_files, parse_timestamp, scan
 
 T0 = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
@@ -100,15 +101,26 @@ def q(
     gone_after: float = 40,
     worker: str = "",
     mailer: str = "",
+    server: str = "mx",
+    address: str = "",
 ):
-    return Question(pk, mid, rcpt, start, start + timedelta(seconds=gone_after), worker, mailer)
+    """The question about an attempt handed to ``server`` (the log lines' host is "mx")."""
+    gone = start + timedelta(seconds=gone_after)
+    return Question(pk, mid, rcpt, start, gone, worker, mailer, server, address)
 
 
-def sibling(at: datetime, worker: str = WORKER, mailer: str = "") -> str:
-    """A row ``worker`` marked sent through ``mailer`` at ``at``; its Message-ID."""
+def sibling(
+    at: datetime, worker: str = WORKER, mailer: str = "", server: str = "mx", address: str = ""
+) -> str:
+    """A row ``worker`` marked sent through ``mailer`` to ``server`` at ``at``; its Message-ID."""
     [row] = enqueue_email("s", "b", None, ["sib@example.org"])
     Delivery.objects.filter(pk=row.pk).update(
-        status=Delivery.Status.SENT, worker_id=worker, sent_at=at, processing_started_at=at
+        status=Delivery.Status.SENT,
+        worker_id=worker,
+        sent_at=at,
+        processing_started_at=at,
+        server_host=server,
+        server_address=address,
     )
     Email.objects.filter(pk=row.email_id).update(mailer=mailer)
     return row.message_id
@@ -280,6 +292,118 @@ def test_a_sibling_postfix_only_saw_in_cleanup_is_no_evidence(tmp_path):
         ],
     )
     assert ask(log, q(1, "<never@example.com>", worker=WORKER))[1].verdict is Verdict.UNKNOWN
+
+
+# -- one host name, a pool of relays: only the log of the server the row names ------
+
+
+def relay_log(tmp_path: Path, host: str, *lines: list[str]) -> Path:
+    """A log covering T0 - 1 h .. T0 + 5 min, written by ``host`` (its syslog host field)."""
+    every = [*noise(T0 - timedelta(hours=1))]
+    for more in lines:
+        every += more
+    every += noise(T0 + timedelta(minutes=5))
+    path = tmp_path / f"{host}.log"
+    return write(path, [line.replace(" mx ", f" {host} ", 1) for line in every])
+
+
+@pytest.mark.django_db
+def test_another_relays_log_is_unknown_though_it_holds_the_workers_other_mail(tmp_path):
+    """Issue 33: S went to relay A, X to relay B; A's log lacks X but proves nothing about B."""
+    mid = sibling(T0 - timedelta(minutes=2), server="relay-a.example")
+    log = relay_log(tmp_path, "relay-a.example", handed_over(mid, T0 - timedelta(minutes=2)))
+    answers = ask(
+        log,
+        q(1, "<x@example.com>", worker=WORKER, server="relay-b.example"),
+        q(2, "<y@example.com>", worker=WORKER, server="relay-a.example"),
+    )
+    assert answers[1].verdict is Verdict.UNKNOWN
+    assert (
+        "relay-b.example" in answers[1].evidence and "not that server's log" in answers[1].evidence
+    )
+    # The same log still rules a handover to relay A out.
+    assert (answers[2].verdict, answers[2].sure) == (Verdict.NOT_SENT, True)
+    assert mid in answers[2].evidence and "relay-a.example" in answers[2].evidence
+
+
+@pytest.mark.django_db
+def test_a_log_with_lines_of_several_hosts_is_not_one_servers_log(tmp_path):
+    mid = sibling(T0 - timedelta(minutes=2))
+    log = write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=1))
+        + handed_over(mid, T0 - timedelta(minutes=2))
+        + [f"{rfc3339(T0)} mx2 postfix/anvil[7]: statistics: max cache size 1"]
+        + noise(T0 + timedelta(minutes=5)),
+    )
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER))[1]
+    assert answer.verdict is Verdict.UNKNOWN and "mx2" in answer.evidence
+
+
+@pytest.mark.django_db
+def test_mail_the_worker_handed_to_another_server_of_that_name_does_not_count(tmp_path):
+    """Same greeting host name, another peer address: not shown to be the same server."""
+    mid = sibling(T0 - timedelta(minutes=2), address="192.0.2.1:25")
+    sibling(T0 - timedelta(minutes=3), address="")
+    log = write(
+        tmp_path / "mail.log",
+        noise(T0 - timedelta(hours=1))
+        + handed_over(mid, T0 - timedelta(minutes=2))
+        + noise(T0 + timedelta(minutes=5)),
+    )
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER, address="192.0.2.2:25"))[1]
+    # The one at another address is not this server's; the one with no address
+    # recorded counts, but is not in this log.
+    assert answer.verdict is Verdict.UNKNOWN
+    assert "none of the 1 other messages" in answer.evidence
+    same = ask(log, q(2, "<never@example.com>", worker=WORKER, address="192.0.2.1:25"))[2]
+    assert (same.verdict, same.sure) == (Verdict.NOT_SENT, True)
+
+
+@pytest.mark.django_db
+def test_a_row_that_names_no_server_is_unknown(tmp_path):
+    """Written by a worker without reconcilers, or killed before it named the server."""
+    mid = sibling(T0 - timedelta(minutes=2))
+    log = relay_log(tmp_path, "mx", handed_over(mid, T0 - timedelta(minutes=2)))
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER, server=""))[1]
+    assert answer.verdict is Verdict.UNKNOWN and "names no server" in answer.evidence
+
+
+@pytest.mark.django_db
+def test_syslogs_short_host_name_matches_the_greetings_full_one(tmp_path):
+    mid = sibling(T0 - timedelta(minutes=2), server="mx.example.com")
+    log = relay_log(tmp_path, "mx", handed_over(mid, T0 - timedelta(minutes=2)))
+    answer = ask(log, q(1, "<never@example.com>", worker=WORKER, server="MX.example.com."))[1]
+    assert (answer.verdict, answer.sure) == (Verdict.NOT_SENT, True)
+
+
+@pytest.mark.django_db
+def test_a_message_accepted_in_any_log_is_still_sent(tmp_path):
+    """ "Sent" needs no proof of whose log it is: the Message-ID accepted is enough."""
+    mid = "<x@example.com>"
+    log = relay_log(
+        tmp_path,
+        "relay-a.example",
+        message("5A5A5A5A5A", mid, "a@example.org", T0, status="sent", dsn="2.0.0", text="250"),
+    )
+    answer = ask(log, q(1, mid, worker=WORKER, server="relay-b.example"))[1]
+    assert answer.verdict is Verdict.SENT
+
+
+@pytest.mark.parametrize(
+    ("log_host", "greeting", "match"),
+    [
+        ("mx", "mx", True),
+        ("mx", "mx.example.com", True),
+        ("mx.example.com", "MX", True),
+        ("mx.example.com", "mx.example.com.", True),
+        ("mx2", "mx.example.com", False),
+        ("relay-a", "relay-b.example.com", False),
+        ("mx", "", False),
+    ],
+)
+def test_which_syslog_host_fields_name_the_server(log_host, greeting, match):
+    assert log_host_matches(log_host, greeting) is match
 
 
 def test_a_log_that_starts_after_the_attempt_is_unknown(tmp_path):

@@ -122,8 +122,14 @@ def kill_second(worker_process, postfix) -> tuple[Delivery, Delivery]:
     """One incarnation sends a first email through Postfix, then dies before sending the second."""
     first = enqueue_email("s", "b", None, ["sibling@example.org"])[0]
     enqueue_email("s", "b", None, ["victim@example.org"])
+    # The victim names its server (a reconciler is configured), then dies before its DATA.
     proc = worker_process(
-        **env(postfix, OUTBOX_FAULT_POINT="after_mark_processing", OUTBOX_FAULT_COUNT="2")
+        **env(
+            postfix,
+            OUTBOX_FAULT_POINT="after_note_server",
+            OUTBOX_FAULT_COUNT="2",
+            OUTBOX_TEST_POSTFIX_LOG=str(postfix.log),
+        )
     )
     wait_until(lambda: process_state(proc) == "T", 30)
     [sibling] = Delivery.objects.filter(status=Status.PROCESSING)
@@ -175,8 +181,16 @@ def test_never_seen_by_postfix_is_not_sent_only_from_the_handover_log(
     log_past(postfix, max(victim.updated_at, start + timedelta(seconds=float(SEND_TIMEOUT))))
 
     elsewhere = without(postfix.log, sibling.message_id, tmp_path / "other-host.log")
+    assert victim.server_host == sibling.server_host == "outbox-tests.localdomain"
     question = Question(
-        victim.pk, victim.message_id, victim.recipient, start, victim.updated_at, victim.worker_id
+        victim.pk,
+        victim.message_id,
+        victim.recipient,
+        start,
+        victim.updated_at,
+        victim.worker_id,
+        server_host=victim.server_host,
+        server_address=victim.server_address,
     )
     answer = PostfixLogReconciler(str(elsewhere)).answer_many([question])[victim.pk]
     assert answer.verdict is Verdict.UNKNOWN and "none of the 1 other messages" in answer.evidence

@@ -95,6 +95,8 @@ def abandoned(
             status=Status.ABANDONED,
             claim_token=uuid.uuid4(),
             worker_id="dead-worker",
+            server_host="mx",  # the host field of the log lines below
+            server_address="192.0.2.25:25",
             attempts=attempts,
             processing_started_at=started,
             updated_at=started + timedelta(seconds=30 + i),  # oldest first = creation order
@@ -218,6 +220,7 @@ def test_the_question_names_the_incarnation_and_the_mailer(settings):
     )
     assert question.started_at == row.processing_started_at
     assert question.abandoned_at == row.updated_at
+    assert (question.server_host, question.server_address) == ("mx", "192.0.2.25:25")
 
 
 def postfix_lines(at, mid: str, qid: str) -> str:

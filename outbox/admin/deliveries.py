@@ -55,8 +55,24 @@ class AttemptInline(PartOfParentInline):
     model = Attempt
     verbose_name = _("attempt")
     verbose_name_plural = _("attempts and operator decisions")
-    fields = ("number", "worker_id", "started_at", "finished_at", "outcome", "error", "actor")
+    fields = (
+        "number",
+        "worker_id",
+        "started_at",
+        "finished_at",
+        "outcome",
+        "server",
+        "error",
+        "actor",
+    )
     readonly_fields = fields
+
+    @admin.display(description=_("server"))
+    def server(self, obj: Attempt) -> str:
+        """Where the message was handed over: the greeting's host name and the peer address."""
+        if obj.server_address:
+            return f"{obj.server_host or '?'} ({obj.server_address})"
+        return obj.server_host
 
 
 @admin.register(Delivery)
@@ -96,6 +112,7 @@ class DeliveryAdmin(admin.ModelAdmin):
                     "worker_id",
                     "claim_token",
                     "processing_started_at",
+                    ("server_host", "server_address"),
                     "sent_at",
                     "last_error",
                 )

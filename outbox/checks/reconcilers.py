@@ -1,4 +1,4 @@
-"""Checks of the reconcilers: E015-E017 and W007 (the list and its settings), W010.
+"""Checks of the reconcilers: E015-E017 and W007 (the list and its settings), W010, W014.
 
 W010: a log reconciler whose log cannot be the delivery target's.
 
@@ -9,6 +9,13 @@ is not the handover's: the reconciler can then settle nothing as "not sent"
 "sent" only by chance. The check names each remote SMTP target: the worker's
 default one and each delivery mailer's (``MAILERS`` on Django 6.1, else
 ``OUTBOX["BACKENDS"]``).
+
+W014: a log reconciler is configured, and a delivery host name resolves to
+several addresses: a pool of relays (several A records, a load balancer's
+name), each new connection reaching any of them. A relay's log says nothing
+about the mail another relay took; the reconciler then rules a handover out
+only for rows handed to the server whose log it reads (the row names its
+server), and leaves the others for a person.
 """
 
 from __future__ import annotations
@@ -139,6 +146,44 @@ def check_log_reconciler_targets(raw: dict[str, Any]) -> list[CheckMessage]:
             id="outbox.W010",
         )
     ]
+
+
+@outbox_check()
+def check_log_reconciler_pool(raw: dict[str, Any]) -> list[CheckMessage]:
+    """W014: a log reconciler is configured and a delivery host name names several addresses."""
+    readers = _log_reconcilers()
+    if not readers:
+        return []
+    pools = []
+    for target, host in sorted(set(_smtp_targets())):
+        found = addresses(host)
+        if len(found) > 1 and not all(is_local(a) for a in found):  # localhost: one host
+            pools.append(f"{target}: {host} ({', '.join(found)})")
+    if not pools:
+        return []
+    return [
+        Warning(
+            f"OUTBOX['RECONCILERS'] lists {', '.join(readers)}, and the worker's delivery host "
+            f"name resolves to several addresses: {'; '.join(pools)}. Each new connection may "
+            "reach another relay, whose log is another: 'not sent' is settled only for rows "
+            "handed to the server whose log is read; the others are left for a person.",
+            hint="Point the delivery host at one relay per worker, or run a sweeper with "
+            "the reconciler on each relay, reading its own log.",
+            id="outbox.W014",
+        )
+    ]
+
+
+def addresses(host: str) -> list[str]:
+    """The distinct addresses ``host`` resolves to; none if it does not resolve."""
+    name = host.strip().strip("[]")
+    if not name:
+        return []
+    try:
+        infos = socket.getaddrinfo(name, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):  # does not resolve: not this check's business
+        return []
+    return sorted({str(info[4][0]) for info in infos})
 
 
 def _log_reconcilers() -> list[str]:

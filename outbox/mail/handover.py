@@ -13,6 +13,12 @@ each call of Django's SMTP backend (``open()``, ``send_messages()``,
 ``close()``), not each wait on the server: a server that answers one byte at
 a time cannot hold a sender thread, or SIGTERM, for longer than that.
 :func:`watch_handover` applies it too.
+
+:func:`handover_server` says where a connection hands its messages over:
+the server's greeting host name and the peer address. A pool of relays
+behind one host name (several A records, a load balancer) puts each new
+connection on any of them, so only this tells which server's log can answer
+for a message (:mod:`outbox.reconcilers`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import smtplib
 import socket
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
@@ -32,14 +39,32 @@ from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 
 from ..conf import outbox_settings
 from ..exceptions import AmbiguousDeliveryError, SendFencedError
+from .sendmail import SendmailBackend
 
 # What smtplib.SMTP.data() writes last: the body ends in CRLF, then "." CRLF.
 _END_OF_DATA = b"\r\n.\r\n"
 # Marks an smtplib connection that watch_handover() already instrumented.
 _WATCHED = "_outbox_watch_handover"
+# The text of the server's 220 greeting, kept by _connect().
+_GREETING = "_outbox_greeting"
 
 _Send = Callable[[bytes | str], None]
 _Data = Callable[[bytes | str], tuple[int, bytes]]
+
+
+@dataclass(frozen=True)
+class Server:
+    """Where a connection hands messages over; "" where not known.
+
+    ``host``: the first word of the server's 220 greeting (RFC 5321: its
+    domain), else of its EHLO or HELO reply. ``address``: the peer of the TCP
+    connection, ``ip:port`` (``[ip]:port`` for IPv6). Behind a TCP load
+    balancer the address is the balancer's, the same for every relay: the
+    host name is what tells them apart.
+    """
+
+    host: str
+    address: str = ""
 
 
 class _Handover:
@@ -49,6 +74,57 @@ class _Handover:
     handed_over: bool = False
     # Asked right before the final dot; False: do not hand the message over.
     fence: Callable[[], bool] | None = None
+    # The server this connection reached, noted when it was opened.
+    server: Server | None = None
+
+
+def handover_server(backend: BaseEmailBackend) -> Server | None:
+    """The server the open ``backend`` hands its messages to, or None if not known.
+
+    For an SMTP connection instrumented by :func:`watch_handover`: the
+    server it greeted us as, and its peer address. For the outbox's
+    ``SendmailBackend``: this host (its local MTA, whose log names this
+    host). Other backends (an HTTP API) are not known.
+    """
+    if isinstance(backend, SendmailBackend):
+        return Server(socket.gethostname()[:253])
+    state = getattr(getattr(backend, "connection", None), _WATCHED, None)
+    return state.server if isinstance(state, _Handover) else None
+
+
+def server_of(connection: smtplib.SMTP) -> Server:
+    """The server an open smtplib connection reached (public attributes only).
+
+    The greeting is the one :func:`bound_send_time`'s connections keep from
+    ``SMTP.connect()``; a connection opened otherwise is named by its EHLO
+    or HELO reply (``ehlo_resp``, ``helo_resp``), whose first word is the
+    server's host name too.
+    """
+    host = ""
+    for reply in (getattr(connection, _GREETING, None), connection.ehlo_resp, connection.helo_resp):
+        host = _first_word(reply)
+        if host:
+            break
+    return Server(host, _peer(connection.sock))
+
+
+def _first_word(reply: bytes | str | None) -> str:
+    if not reply:
+        return ""
+    text = reply.decode("ascii", "replace") if isinstance(reply, bytes) else reply
+    words = text.split(None, 1)
+    return words[0][:253] if words else ""
+
+
+def _peer(sock: socket.socket | None) -> str:
+    try:
+        peer = sock.getpeername() if sock is not None else None
+    except OSError:  # not connected (any more): not known
+        return ""
+    if not isinstance(peer, tuple) or len(peer) < 2:
+        return ""  # a Unix socket: no address to name
+    ip, port = peer[0], peer[1]
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
 
 
 def watch_handover(backend: BaseEmailBackend, fence: Callable[[], bool] | None = None) -> None:
@@ -92,6 +168,7 @@ def watch_handover(backend: BaseEmailBackend, fence: Callable[[], bool] | None =
         bound_connection(connection, budget)
     state = _Handover()
     state.fence = fence
+    state.server = server_of(connection)
     if fence is not None:
         _send_small_writes_at_once(connection)
     # Instance attributes shadow the class's methods for this connection only;
@@ -319,6 +396,8 @@ def _connect(
     if code != 220:  # as smtplib.SMTP.__init__ does
         connection.close()
         raise smtplib.SMTPConnectError(code, message)
+    # Which server this is (handover_server): its greeting names it.
+    setattr(connection, _GREETING, message)
     return connection
 
 

@@ -28,6 +28,10 @@ class Question:
     one incarnation a mailer always hands over to the same server, so the
     incarnation's other sent rows through that mailer show which server's
     record is the one to read (:mod:`outbox.reconcilers.evidence`).
+    ``server_host`` and ``server_address`` name the server the attempt was
+    handing the message to (its greeting host name, the peer ``ip:port``),
+    "" where the row does not say: a mailer's host name may stand for a pool
+    of relays, each new connection reaching any of them.
     """
 
     delivery_id: int
@@ -37,6 +41,8 @@ class Question:
     abandoned_at: datetime
     worker_id: str = ""
     mailer: str = ""
+    server_host: str = ""
+    server_address: str = ""
 
 
 @dataclass(frozen=True)

@@ -2,12 +2,16 @@
 
 A sweeper may run on any host, and a worker may hand its mail to a remote
 relay, so a mail log that lacks a Message-ID proves nothing by itself: it
-may be another server's log. Within one worker incarnation a mailer's target
-is fixed (the settings are read once per process), so the incarnation's
-other rows through the same mailer that were marked ``sent`` went to the
-same server as the lost attempt. A log that shows some of them is that
-server's log; one that shows none of them, or a worker that handed nothing
-else over, proves nothing.
+may be another server's log. Within one worker incarnation a mailer's
+settings are fixed (read once per process), but its host name may stand for
+a pool of relays (several A records, a load balancer, a Kubernetes Service):
+each new connection may reach another server. So each row names the server
+its attempt was handing it to (``Delivery.server_host``/``server_address``,
+written before SMTP's final dot: ``worker/sql.py``, ``note_server``), and
+only the incarnation's other rows that went through the same mailer *to that
+same server* count. A log that shows some of them is that server's log; one
+that shows none of them, or a worker that handed nothing else to that
+server, proves nothing (:mod:`outbox.reconcilers.postfix` says the rest).
 
 One query per sweep pass, over the ``sent_at`` index: no per-email work, and
 nothing on the worker's path.
@@ -37,6 +41,8 @@ class Handover:
 
     message_id: str
     sent_at: datetime
+    server_host: str = ""  # where it was handed over; "" if the row does not say
+    server_address: str = ""
 
 
 Key = tuple[str, str]  # (worker incarnation, mailer)
@@ -75,11 +81,37 @@ def handovers(
         )
         .filter(rank__lte=per_mailer)
         .order_by("-sent_at")
-        .values_list("worker_id", "via", "message_id", "sent_at")
+        .values_list("worker_id", "via", "message_id", "sent_at", "server_host", "server_address")
     )
     found: dict[Key, list[Handover]] = {}
-    for worker_id, mailer, message_id, sent_at in rows:
+    for worker_id, mailer, message_id, sent_at, host, address in rows:
         if sent_at is None:  # excluded by the filter; for the type checker
             continue
-        found.setdefault((worker_id, mailer or ""), []).append(Handover(message_id, sent_at))
+        found.setdefault((worker_id, mailer or ""), []).append(
+            Handover(message_id, sent_at, host, address)
+        )
     return found
+
+
+def same_server(a_host: str, a_address: str, b_host: str, b_address: str) -> bool:
+    """Two handovers went to one server: the same greeting host name (required), and
+    the same peer address where both are known."""
+    if not a_host or not b_host or _name(a_host) != _name(b_host):
+        return False
+    return not a_address or not b_address or a_address == b_address
+
+
+def log_host_matches(log_host: str, server_host: str) -> bool:
+    """Whether a syslog host field names the server that greeted as ``server_host``.
+
+    Syslog writes the short host name by default, a server greets with its
+    full one: ``mx1`` matches ``mx1.example.com``; ``mx2`` does not.
+    """
+    log, server = _name(log_host), _name(server_host)
+    if not log or not server:
+        return False
+    return log == server or log == server.split(".", 1)[0] or server == log.split(".", 1)[0]
+
+
+def _name(host: str) -> str:
+    return host.strip().rstrip(".").lower()

@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from ..conf import outbox_settings
 from .base import UNKNOWN, Answer, Question, Reconciler
-from .evidence import Handover, handovers
+from .evidence import Handover, handovers, log_host_matches, same_server
 from .postfix_log import LogScan, host_zone, scan
 
 logger = logging.getLogger("outbox.sweeper.reconcile")
@@ -37,11 +37,14 @@ class PostfixLogReconciler(Reconciler):
     - A ``cleanup`` line only: **unknown** (the submission may have been cut
       before Postfix committed the message).
     - No ``cleanup`` line for the Message-ID: **not sent**, but only if the
-      log is shown to be the log of the server the attempt went to: some
-      other delivery the same worker incarnation handed over through the same
-      mailer is in it (:mod:`outbox.reconcilers.evidence`). Otherwise
-      **unknown**: the sweeper may read another host's log, or the worker may
-      hand over to a remote relay. *Sure* only if, besides, the log holds
+      log is shown to be the log of the server the attempt went to: the row
+      names that server (its greeting host name and peer address), the log's
+      syslog host field is that name, and some other delivery the same
+      worker incarnation handed over through the same mailer to that same
+      server is in it (:mod:`outbox.reconcilers.evidence`). Otherwise
+      **unknown**: the sweeper may read another host's log, the worker may
+      hand over to a remote relay, or the mailer's host name may stand for a
+      pool of relays. *Sure* only if, besides, the log holds
       Postfix lines from before the attempt started until after the row was
       abandoned and after ``SEND_TIMEOUT`` past the start (an orphaned
       sendmail child may still hand the message over until then); otherwise
@@ -153,25 +156,62 @@ def _absent(question: Question, log: LogScan, siblings: Sequence[Handover]) -> A
 def _same_server(
     question: Question, log: LogScan, siblings: Sequence[Handover]
 ) -> tuple[bool, str]:
-    """Whether this log is the one of the server the attempt went to, and why (or why not)."""
+    """Whether this log is the one of the server the attempt went to, and why (or why not).
+
+    Three things must hold: the row names the server it was being handed to
+    (greeting host name, peer address); every Postfix line of the log comes
+    from a host of that name (its syslog host field); and the same
+    incarnation handed other messages, through the same mailer, to that same
+    server (same host name, same peer address where known), and this log
+    shows them accepted. One host name may stand for a pool of relays: a
+    relay's log says nothing about the mail another relay took.
+    """
     worker = question.worker_id
     via = f"mailer {question.mailer!r}" if question.mailer else "the default mailer"
     if not worker:
         return False, "the row names no worker, so nothing shows this is its server's log"
+    if not question.server_host:
+        return False, (
+            "the row names no server it was handed to (a worker without "
+            "OUTBOX['RECONCILERS'], or of an older release), so nothing shows this is "
+            "that server's log"
+        )
+    server = question.server_host + (
+        f" ({question.server_address})" if question.server_address else ""
+    )
+    others = sorted(h for h in log.hosts if not log_host_matches(h, question.server_host))
+    if others:
+        return False, (
+            f"the attempt went to {server}, and this log holds lines of "
+            f"{', '.join(others[:3])}: it is not that server's log"
+        )
     if not siblings:
         return False, (
             f"worker {worker} marked nothing else sent through {via} near the attempt, "
             "so nothing shows this is the log of the server it handed over to"
         )
-    found = [h.message_id for h in siblings if log.accepted(h.message_id)]
-    if not found:
+    same = [
+        h
+        for h in siblings
+        if same_server(
+            h.server_host, h.server_address, question.server_host, question.server_address
+        )
+    ]
+    if not same:
         return False, (
             f"none of the {len(siblings)} other messages worker {worker} sent through "
-            f"{via} is in this log: it is not the log of the server it handed over to"
+            f"{via} went to {server}, so nothing shows this is that server's log"
+        )
+    found = [h.message_id for h in same if log.accepted(h.message_id)]
+    if not found:
+        return False, (
+            f"none of the {len(same)} other messages worker {worker} sent through "
+            f"{via} to {server} is in this log: it is not the log of the server it "
+            "handed over to"
         )
     return True, (
-        f"{len(found)} of {len(siblings)} other messages worker {worker} sent through {via} "
-        f"are in this log (e.g. {found[0]})"
+        f"{len(found)} of {len(same)} other messages worker {worker} sent through {via} "
+        f"to {server} are in this log (e.g. {found[0]})"
     )
 
 

@@ -35,7 +35,7 @@ from zoneinfo import ZoneInfo
 
 # "<timestamp> <host> postfix[-instance]/[service/]agent[pid]: QUEUEID: rest"
 _LINE = re.compile(
-    r"^(?P<ts>\d{4}-\d\d-\d\dT\S+|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s+\S+\s+"
+    r"^(?P<ts>\d{4}-\d\d-\d\dT\S+|[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d)\s+(?P<host>\S+)\s+"
     r"postfix[\w.-]*/(?:[\w.-]+/)*(?P<agent>[\w.-]+)\[\d+\]:\s+"
     r"(?:(?P<qid>[0-9A-Za-z]+):\s+)?(?P<rest>.*)$"
 )
@@ -66,6 +66,8 @@ class LogScan:
     queue_ids: dict[str, list[str]] = field(default_factory=dict)  # Message-ID -> queue ids
     committed: dict[str, datetime] = field(default_factory=dict)  # queue id -> "queue active"
     statuses: dict[str, list[RecipientStatus]] = field(default_factory=dict)  # by queue id
+    # The syslog host fields of the Postfix lines read: whose log this is.
+    hosts: set[str] = field(default_factory=set)
 
     def note_time(self, at: datetime) -> None:
         if self.first is None or at < self.first:
@@ -191,6 +193,7 @@ def scan(
         if at is None:
             continue
         result.note_time(at)
+        result.hosts.add(match["host"])
         qid, rest = match["qid"], match["rest"]
         if not qid:
             continue

@@ -115,6 +115,8 @@ def _candidates(queue: RedisQueue, now: float) -> list[tuple[Any, ...]]:
         "updated_at",
         "worker_id",
         "email__mailer",
+        "server_host",
+        "server_address",
         "claim_token",
     )
     chosen: list[tuple[Any, ...]] = []

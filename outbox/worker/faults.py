@@ -7,6 +7,8 @@ SIGKILL it, or cut its database connection, exactly there;
 
 ``after_claim``             ids are in the processing list, rows still queued
 ``after_mark_processing``   the row is ``processing``, nothing sent yet
+``after_note_server``       the row names the server it goes to, nothing sent yet
+                            (only with ``OUTBOX["RECONCILERS"]`` set: ``worker/send.py``)
 ``after_send``              the mail server accepted it, the row is not yet ``sent``
 ``after_mark_sent``         the row is ``sent``, its id not yet acknowledged
 
@@ -19,7 +21,13 @@ import os
 import signal
 import threading
 
-POINTS = ("after_claim", "after_mark_processing", "after_send", "after_mark_sent")
+POINTS = (
+    "after_claim",
+    "after_mark_processing",
+    "after_note_server",
+    "after_send",
+    "after_mark_sent",
+)
 
 _POINT = os.environ.get("OUTBOX_FAULT_POINT", "")
 _budget = [int(os.environ.get("OUTBOX_FAULT_COUNT", "-1"))]

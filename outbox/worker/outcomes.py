@@ -38,6 +38,7 @@ from django.db.models import F
 
 from ..conf import outbox_settings
 from ..mail.failures import FailureKind, classify
+from ..mail.handover import Server
 from ..models import Attachment, Attempt, Delivery, Email
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, refused_recipients
@@ -79,6 +80,8 @@ class Settlement:
     # Recipients the server refused for good (5xx at RCPT): suppressed with
     # the outcome when OUTBOX["SUPPRESS_ON_REFUSAL"] is on.
     refused: list[str] = field(default_factory=list)
+    # Where the connection handed it over (None: no server reached, or not known).
+    server: Server | None = None
 
     @property
     def delivery(self) -> Delivery:
@@ -195,7 +198,10 @@ def log_attempt(s: Settlement, finished: datetime) -> None:
             f"{error}; the server may have accepted Message-ID {delivery.message_id}: "
             "check the mail logs, then mark it sent or requeue it"
         )[:2000]
+    server = s.server or Server("")
     Attempt.objects.create(
+        server_host=server.host,
+        server_address=server.address,
         delivery_id=delivery.pk,
         number=delivery.attempts,
         worker_id=delivery.worker_id,

@@ -3,7 +3,9 @@
 A message goes out only while the worker's heartbeat lease is live, checked
 right before the send and again right before SMTP's final dot (the fence,
 ``mail/handover.py``): a worker frozen mid-send and declared dead meanwhile
-releases the row instead of handing it over. The staging valve looks at the
+releases the row instead of handing it over. Every outcome names the server
+the connection reached; with reconcilers configured, the row names it before
+the hand-over too. The staging valve looks at the
 copy as built. The thread's mail connections live here too: opened on first
 use, kept open while mail trickles in, closed once the thread has idled.
 """
@@ -14,9 +16,12 @@ import logging
 import time
 
 from django.core.mail.backends.base import BaseEmailBackend
+from django.db import DatabaseError
 
+from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
 from ..mail import valve
+from ..mail.handover import Server, handover_server
 from ..mail.message import build_message
 from ..models import Attempt
 from .connections import Connections
@@ -24,6 +29,7 @@ from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
 from .outcomes import Settlement, Started, failure
+from .sql import note_server
 
 logger = logging.getLogger("outbox.worker")
 
@@ -58,7 +64,9 @@ class Sender:
             # nothing was handed over.
             self.gate.on_send_error(started, exc, connecting=True)
             return failure(started, exc, self.worker.clock.now())
-        settlement = self.send(started, link.backend)
+        server = handover_server(link.backend)
+        settlement = self.send(started, link.backend, server)
+        settlement.server = server
         self.last_send = time.monotonic()
         if settlement.outcome not in (Outcome.SENT, Outcome.CANCELLED):
             link.close()
@@ -68,8 +76,10 @@ class Sender:
         """The fence asked right before SMTP's final dot: the same as before the send."""
         return self.sending_generation == self.worker.generation and self.worker.lease_left() > 0
 
-    def send(self, started: Started, backend: BaseEmailBackend) -> Settlement:
-        """Send one copy on ``backend`` (open), under a live lease."""
+    def send(
+        self, started: Started, backend: BaseEmailBackend, server: Server | None = None
+    ) -> Settlement:
+        """Send one copy on ``backend`` (open, reaching ``server``), under a live lease."""
         if started.generation != self.worker.generation or self.worker.lease_left() <= 0:
             # Declared dead since the claim, or no heartbeat has renewed the
             # lease lately (we were frozen, or Redis is away): the sweeper may
@@ -78,6 +88,10 @@ class Sender:
                 "delivery %s: no live lease before sending; releasing it", started.delivery.pk
             )
             return Settlement(started, Outcome.RELEASED, "lease expired before sending")
+        if server is not None and outbox_settings.RECONCILERS:
+            refused = self.note_server(started, server)
+            if refused is not None:
+                return refused
         self.sending_generation = started.generation
         try:
             built = self.worker.emails.builds(started.email)
@@ -96,6 +110,24 @@ class Sender:
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
         return Settlement(started, Outcome.SENT, note)
+
+    def note_server(self, started: Started, server: Server) -> Settlement | None:
+        """Write the server on the row before the hand-over; a release if that failed.
+
+        Only a reconciler reads it (a log lacks the message: was that log the
+        server's?), so it costs its one UPDATE per message only when
+        ``OUTBOX["RECONCILERS"]`` is set. Nothing was handed over yet: a
+        row that is not ours any more, or a database that refuses, releases
+        the message unsent.
+        """
+        try:
+            ours = note_server(started.delivery.pk, started.token, server.host, server.address)
+        except DatabaseError as exc:
+            return Settlement(started, Outcome.RELEASED, f"could not note the server: {exc}")
+        if not ours:
+            return Settlement(started, Outcome.RELEASED, "settled elsewhere before the send")
+        fault("after_note_server")
+        return None
 
     def idle(self, paused: bool) -> None:
         """The thread is about to idle: close connections that have idled a while."""

@@ -103,6 +103,8 @@ def _delivery(
             "claim_token": token,
             "processing_started_at": now,
             "sent_at": None,
+            "server_host": "",  # not returned: written by note_server() before the send
+            "server_address": "",
             "message_id": message_id,
             "last_error": "",
             "expires_at": None,
@@ -340,6 +342,21 @@ def unclaim(pk: int, token: uuid.UUID, now: datetime, not_before: datetime | Non
         updates["not_before"] = not_before
     return Delivery.objects.filter(pk=pk, status=Status.PROCESSING, claim_token=token).update(
         **updates
+    )
+
+
+def note_server(pk: int, token: uuid.UUID, host: str, address: str) -> int:
+    """Record on the row where this attempt hands it over, before SMTP's final dot.
+
+    ``processing`` under ``token`` only; 0 means the row is not ours any
+    more (the sweeper or an operator settled it): the message must not go.
+    Written before the hand-over, so that a worker killed while it waits
+    for the server's reply leaves the row naming its server: a reconciler
+    may rule a handover out only from that server's log
+    (:mod:`outbox.reconcilers.evidence`).
+    """
+    return Delivery.objects.filter(pk=pk, status=Status.PROCESSING, claim_token=token).update(
+        server_host=host, server_address=address
     )
 
 
