@@ -252,6 +252,15 @@ class Delivery(models.Model):
                 condition=Q(status__in=["failed", "abandoned", "cancelled"]),
                 name="outbox_deliv_attention",
             ),
+            # The same rows by status and id, priority last: the admin's list filtered
+            # by one of these statuses reads its newest page backwards from here, and
+            # the dashboard counts them by status and priority without the table
+            # (an index-only scan), whatever the history of sent mail around them.
+            models.Index(
+                fields=["status", "id", "priority"],
+                condition=Q(status__in=["failed", "abandoned", "cancelled"]),
+                name="outbox_deliv_attention_id",
+            ),
             # Sweeper: queued rows with an expiry, oldest expiry first. Rows
             # without `expires_at` (the hot path) never enter it, so it costs
             # nothing there; a row with one leaves it at its claim.

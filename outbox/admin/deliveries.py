@@ -7,8 +7,12 @@ rows in the statuses it allows (never a row that is processing right now) and
 writes an :class:`~outbox.models.Attempt` with the acting user as its actor.
 
 The delivery list is built for tables of millions of rows: one query for the
-page (the email's subject comes in by a join), no full-table count where
-PostgreSQL can estimate it, and no facet counts.
+page (the email's subject comes in by a join), no count of a long list,
+filtered or not, where PostgreSQL can estimate it (:mod:`.paginator`), and no
+facet counts. Filtered by a status, the page is read from an index: the
+partial indexes of queued and processing rows, the ``(status, id, priority)``
+index of failed, abandoned and cancelled ones, and the primary key for sent
+rows, nearly all of the table (tests/test_query_plans.py).
 
 """
 

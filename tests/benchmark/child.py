@@ -6,7 +6,8 @@ the reported time is the median of --repeat runs, and each repetition starts
 with the next system (see ``rotated``). The parts: enqueue, delivery
 with the no-op backend and over SMTP, per-email counts and a profile of our
 worker (instruments.py), the scale check (scale.py) and the dashboard at a
-million rows (dashboard.py), and CPU per email and latency (efficiency.py), PostgreSQL only.
+million rows (dashboard.py), CPU per email and latency (efficiency.py), and, only when
+named, the operator's pages at 5,000,000 rows (admin_scale.py), PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tests.benchmark.admin_scale import AdminScaleMixin
 from tests.benchmark.bulk import BulkMixin
 from tests.benchmark.common import (
     BENCH,
@@ -57,12 +59,13 @@ def child_main(args: argparse.Namespace) -> None:
     django.setup()
     sizes: Sizes = Sizes(**json.loads(args.sizes))
     sizes.scale_history = tuple(sizes.scale_history)  # type: ignore[assignment]
+    sizes.admin_scale_history = tuple(sizes.admin_scale_history)  # type: ignore[assignment]
     child = Child(args.db, sizes, args.repeat, set(args.only.split(",")) if args.only else None)
     child.run()
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin, EfficiencyMixin):
+class Child(ScaleMixin, DashboardMixin, AdminScaleMixin, BulkMixin, SendingMixin, EfficiencyMixin):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -102,6 +105,9 @@ class Child(ScaleMixin, DashboardMixin, BulkMixin, SendingMixin, EfficiencyMixin
             self.bench_scale()
         if self.want("dashboard") and self.vendor == "postgresql":
             self.bench_dashboard()
+        # Only when named (--only admin-scale): filling 5,000,000 rows takes minutes.
+        if self.only and "admin-scale" in self.only and self.vendor == "postgresql":
+            self.bench_admin_scale()
         if self.want("bulk") and self.vendor == "postgresql":
             self.bench_bulk()
         if self.want("sending") and self.vendor == "postgresql":

@@ -66,6 +66,8 @@ class Sizes:
     scale_drain: int = 5_000
     scale_concurrency: int = 16
     dashboard_rows: int = 1_000_000
+    # The operator's pages at two history sizes (admin_scale.py).
+    admin_scale_history: tuple[int, int] = (10_000, 5_000_000)
     # Personalised template emails through enqueue_many (the bulk part):
     # the target is stated for 10,000, so --quick keeps that size.
     bulk_templates: int = 10_000
@@ -80,6 +82,7 @@ QUICK = Sizes(
     scale_history=(10_000, 100_000),
     scale_drain=500,
     dashboard_rows=200_000,
+    admin_scale_history=(10_000, 200_000),
 )
 
 

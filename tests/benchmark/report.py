@@ -18,6 +18,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from tests.benchmark.admin_scale_report import admin_scale_section
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_section
 from tests.benchmark.efficiency import efficiency_section
@@ -191,6 +192,7 @@ def build_report(
         md += scale_section(db, data["extra"].get("scale"))
         md += profile_section(db, data["extra"].get("profile"))
         md += dashboard_section(db, data["extra"].get("dashboard"))
+        md += admin_scale_section(db, data["extra"].get("admin_scale"))
         md += sending_section(db, data["extra"].get("sending"))
         md += efficiency_section(db, data["extra"].get("efficiency"))
     return "\n".join(md) + "\n", targets

@@ -138,6 +138,7 @@ def parameters(
         "scale history rows": " vs ".join(f"{s:,}" for s in sizes.scale_history),
         "scale drain": f"{sizes.scale_drain} emails, outbox_worker --concurrency {sizes.scale_concurrency}",
         "dashboard rows": f"{sizes.dashboard_rows:,}",
+        "admin scale history rows": " vs ".join(f"{s:,}" for s in sizes.admin_scale_history),
         "OUTBOX settings": "defaults (CLAIM_BATCH 10) + EMAIL_BACKEND",
         "Django DATABASES": "defaults (CONN_MAX_AGE 0, prepare_threshold None); rows marked "
         f"'{PREPARED}' set OPTIONS prepare_threshold=5 (PostgreSQL)",
@@ -190,7 +191,8 @@ def main() -> None:
     parser.add_argument(
         "--only",
         default="",
-        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,efficiency",
+        help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,"
+        "efficiency, and admin-scale (only when named: 5,000,000 rows, about 20 minutes)",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

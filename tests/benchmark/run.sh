@@ -6,6 +6,9 @@
 #   tests/benchmark/run.sh --quick         # smoke version: small sizes, one repeat
 #   tests/benchmark/run.sh --db postgres --repeat 3
 #   tests/benchmark/run.sh --db postgres --only efficiency   # CPU per email, latency (issue 27), ~6 min
+#   tests/benchmark/run.sh --db postgres --only admin-scale \
+#     --output tests/benchmark/results/admin-scale-postgres.md  # the admin at 5,000,000 rows, ~20 min
+#     (only when named: not part of the full run)
 #
 # Every argument goes to tests/benchmark/run.py (see `tests/benchmark/run.sh --help`). It makes its
 # own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.benchmark.admin_scale_report import admin_scale_targets
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_targets
 from tests.benchmark.efficiency import efficiency_targets
@@ -71,6 +72,7 @@ def evaluate_targets(
         *counts_targets(children),
         *scale_target(rows, children),
         *dashboard_targets(children),
+        *admin_scale_targets(children),
         *bulk_targets(rows),
         *sending_targets(children),
         *efficiency_targets(children),
