@@ -13,7 +13,7 @@ class Migration(migrations.Migration):
     """
 
     dependencies = [
-        ("outbox", "0012_batched_steps_function"),
+        ("outbox", "0013_attempt_handover_server"),
     ]
 
     operations = [
