@@ -169,7 +169,7 @@ def _check_redis_reachable() -> list[CheckMessage]:
         return []
     return [
         Warning(
-            f"The outbox's Redis ({redis_address()}) is unreachable: {failure[0]}. "
+            f"The outbox's Redis ({redis_address()}) is unreachable: {failure[0].rstrip('.')}. "
             "Mail is enqueued, but no worker sends it until Redis answers.",
             hint="Start Redis, or point OUTBOX['REDIS_CACHE'] at a cache whose LOCATION "
             "is where it listens.",
