@@ -141,7 +141,8 @@ class Worker:
 
     @lease_from.setter
     def lease_from(self, value: float) -> None:
-        """Move the current incarnation's lease start (tests freeze a worker this way)."""
+        """Set the current incarnation's lease start (at its registration; tests
+        freeze a worker this way)."""
         with self._lock:
             self._incarnation = replace(self._incarnation, lease_from=value)
 
@@ -162,9 +163,7 @@ class Worker:
         """Run until stopped; returns the exit status: 0, or 1 if a sender thread crashed."""
         if install_signal_handlers:
             self._install_signal_handlers()
-        registered_at = self._register(self.worker_id)
-        with self._lock:
-            self._incarnation = replace(self._incarnation, lease_from=registered_at)
+        self.lease_from = self._register(self.worker_id)
         logger.info(
             "worker %s started: concurrency %d%s",
             self.worker_id,
