@@ -158,6 +158,15 @@ class Delivery(models.Model):
         Email, on_delete=models.CASCADE, related_name="deliveries", verbose_name=_("email")
     )
     recipient = models.CharField(_("recipient"), max_length=320)
+    # The recipient's bare address in the one form the outbox compares
+    # addresses in (``validation.bare_address``: no display name, lower case,
+    # domain IDNA-encoded), written by every enqueue path: idempotency keys
+    # match on it, and the admin finds a customer's rows by it, through its
+    # index. The database default ('') is for rows a previous release inserts
+    # during a rolling upgrade.
+    recipient_key = models.CharField(
+        _("recipient address"), max_length=320, default="", db_default="", editable=False
+    )
     status = models.CharField(
         _("status"), max_length=16, choices=Status.choices, default=Status.QUEUED
     )
@@ -208,18 +217,30 @@ class Delivery(models.Model):
         verbose_name_plural = _("deliveries")
         constraints = [
             models.UniqueConstraint(fields=["message_id"], name="outbox_delivery_message_id_uniq"),
+            # A retry with the same key names the same person however it
+            # writes the address ("Bob <bob@example.com>", "BOB@Example.com"):
+            # ON CONFLICT DO NOTHING at enqueue leans on this (enqueue/api.py).
+            # Rows without a recipient_key (a previous release's, during an
+            # upgrade) stay out of it.
             models.UniqueConstraint(
-                fields=["idempotency_key", "recipient"],
-                condition=Q(idempotency_key__isnull=False),
-                name="outbox_delivery_idempotency",
+                fields=["idempotency_key", "recipient_key"],
+                condition=Q(idempotency_key__isnull=False) & ~Q(recipient_key=""),
+                name="outbox_delivery_idempotency_key",
             ),
         ]
         # Every status change writes a new row version into every index (the
         # indexed status column changes, so PostgreSQL cannot update in place),
         # so each index here is paid twice per delivered email. Only what the
-        # worker, the sweeper, the dashboard and the admin query is indexed; the
-        # admin's recipient search is a substring match, which no b-tree serves.
+        # worker, the sweeper, the dashboard and the admin query is indexed.
         indexes = [
+            # The admin's search by address: an exact or prefix match on the
+            # normalised address. varchar_pattern_ops (PostgreSQL) serves both
+            # ``=`` and ``LIKE 'prefix%'`` whatever the database's collation.
+            models.Index(
+                fields=["recipient_key"],
+                name="outbox_deliv_recipient_key",
+                opclasses=["varchar_pattern_ops"],
+            ),
             # Mirror rebuild and `due()`: only queued rows, in due order.
             models.Index(
                 fields=["not_before", "id"],

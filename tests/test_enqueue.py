@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import threading
 import time
 from datetime import datetime, timedelta
 
 import pytest
+from asgiref.sync import sync_to_async
 from django.core.exceptions import ValidationError
-from django.db import connection, transaction
+from django.core.mail import EmailMessage
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
-from outbox import enqueue_email
+from outbox import aenqueue_email, enqueue_email, enqueue_many
+from outbox.backends import OutboxBackend
 from outbox.mail.message_id import make_message_id
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
@@ -346,6 +350,83 @@ def test_idempotency_under_a_race(queue):
     assert len({tuple(r) for r in results}) == 1
     assert Email.objects.count() == 1  # the losers' Email rows were removed
     assert sorted(ready_ids(queue)) == results[0]
+
+
+# The same person, written another way: the retry must find the first call's row.
+SAME_ADDRESS = {
+    "a display name": ("bob@example.com", "Bob <bob@example.com>"),
+    "another case": ("alice@example.com", "ALICE@Example.com"),
+    "an IDN domain in its Unicode and IDNA forms": ("a@bücher.de", "A@XN--BCHER-KVA.DE"),
+}
+
+
+@pytest.mark.parametrize("first, retry", SAME_ADDRESS.values(), ids=SAME_ADDRESS.keys())
+def test_a_retry_under_the_same_key_matches_the_address_however_written(first, retry, queue):
+    """Before, the key matched the recipient as written: a second delivery, a second email."""
+    [made] = enqueue_email("s", "b", None, [first], idempotency_key="signup-7")
+    [again] = enqueue_email("s", "b", None, [retry], idempotency_key="signup-7")
+    assert again.pk == made.pk
+    assert Delivery.objects.count() == 1 and Email.objects.count() == 1
+    assert ready_ids(queue) == [made.pk]
+
+
+def test_idempotency_under_a_race_of_differently_written_addresses(queue):
+    """The unique constraint is on (key, normalised address): one row, whichever call wins."""
+    forms = ["bob@example.com", "Bob <bob@example.com>", "BOB@example.com", "Bob <Bob@Example.COM>"]
+    barrier = threading.Barrier(len(forms))
+    results: list[int] = []
+    errors: list[BaseException] = []
+
+    def call(recipient: str) -> None:
+        try:
+            barrier.wait()
+            [delivery] = enqueue_email("s", "b", None, [recipient], idempotency_key="race")
+            results.append(delivery.pk)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=call, args=(form,)) for form in forms]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert Delivery.objects.count() == 1 and len(set(results)) == 1
+    assert ready_ids(queue) == results[:1]
+
+
+def test_every_enqueue_path_writes_the_normalised_address(settings, queue):
+    """recipient_key, what idempotency and the admin's search match on, on every insert path."""
+
+    def every_path() -> dict[str, str]:
+        enqueue_email("s", "b", None, ["One <ONE@Example.com>"])  # one recipient
+        enqueue_email("s", "b", None, ["Two <two@EXAMPLE.com>", "three@bücher.de"])
+        enqueue_email("s", "b", None, ["Four@Example.com"], idempotency_key="k")  # the ORM
+        enqueue_email("s", "b", None, ["Five@Example.com"], attachments=[("a.txt", "x", None)])
+        enqueue_many([{"subject": "s", "message": "b", "recipient_list": ["Six <SIX@x.org>"]}])
+        OutboxBackend().send_messages([EmailMessage("s", "b", None, ["Seven <SEVEN@x.org>"])])
+        asyncio.run(aenqueue_email("s", "b", None, ["Eight@X.org"]))
+        asyncio.run(sync_to_async(connections.close_all, thread_sensitive=True)())
+        rows = dict(Delivery.objects.values_list("recipient", "recipient_key"))
+        Delivery.objects.all().delete()
+        return rows
+
+    expected = {
+        "One <ONE@Example.com>": "one@example.com",
+        "Two <two@EXAMPLE.com>": "two@example.com",
+        "three@bücher.de": "three@xn--bcher-kva.de",
+        "Four@Example.com": "four@example.com",
+        "Five@Example.com": "five@example.com",
+        "Six <SIX@x.org>": "six@x.org",
+        "Seven <SEVEN@x.org>": "seven@x.org",
+        "Eight@X.org": "eight@x.org",
+    }
+    assert every_path() == expected
+    # The plain statements instead of the PostgreSQL functions.
+    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": False}
+    assert every_path() == expected
 
 
 def test_ten_thousand_recipients_in_few_queries(django_assert_max_num_queries, queue):

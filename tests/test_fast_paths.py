@@ -339,6 +339,7 @@ DELIVERY_COLUMNS = (
     "worker_id",
     "last_error",
     "claim_token",
+    "recipient_key",
 )
 EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers", "mailer")
 

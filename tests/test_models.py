@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import uuid
 
@@ -100,6 +101,54 @@ def test_migration_0002_relabels_leftover_in_progress_attempts():
         executor.migrate(executor.loader.graph.leaf_nodes("outbox"))
     assert sorted(Attempt.objects.values_list("outcome", flat=True)) == ["abandoned", "sent"]
     assert Delivery.objects.count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0015_fills_recipient_key_in_batches_and_marks_old_duplicates(monkeypatch):
+    """Existing rows get their normalised address; copies the old matching let through
+    under one idempotency key keep a marked key, and a retry now finds the first."""
+    migration = importlib.import_module("outbox.migrations.0015_delivery_recipient_key")
+    monkeypatch.setattr(migration, "BATCH", 2)  # several batches of a few rows
+    before = [("outbox", "0014_scale_indexes")]
+    executor = MigrationExecutor(connection)
+    executor.migrate(before)
+    try:
+        old = executor.loader.project_state(before).apps
+        email = old.get_model("outbox", "Email").objects.create(subject="s", from_email="a@x.com")
+        deliveries = old.get_model("outbox", "Delivery").objects
+        made = {
+            recipient: deliveries.create(
+                email=email, recipient=recipient, message_id=f"<{n}@x.com>", idempotency_key=key
+            ).pk
+            for n, (recipient, key) in enumerate(
+                [
+                    ("bob@example.com", "signup-7"),
+                    ("Bob <BOB@example.com>", "signup-7"),  # the second email the bug sent
+                    ("ALICE@Example.com", None),
+                    ("x@bücher.de", None),
+                    ("Carol <carol@example.com>", "signup-8"),
+                ]
+            )
+        }
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(executor.loader.graph.leaf_nodes("outbox"))
+    rows = {
+        d.recipient: (d.recipient_key, d.idempotency_key) for d in Delivery.objects.order_by("pk")
+    }
+    first = made["bob@example.com"]
+    assert rows == {
+        "bob@example.com": ("bob@example.com", "signup-7"),
+        "Bob <BOB@example.com>": ("bob@example.com", f"signup-7 (duplicate of {first})"),
+        "ALICE@Example.com": ("alice@example.com", None),
+        "x@bücher.de": ("x@xn--bcher-kva.de", None),
+        "Carol <carol@example.com>": ("carol@example.com", "signup-8"),
+    }
+    [again] = enqueue_email("s", "b", None, ["BOB <bob@Example.com>"], idempotency_key="signup-7")
+    assert again.pk == first
+    [carol] = enqueue_email("s", "b", None, ["carol@example.com"], idempotency_key="signup-8")
+    assert carol.pk == made["Carol <carol@example.com>"]
+    assert Delivery.objects.count() == 5
 
 
 # -- outbox_worker --worker-id ------------------------------------------------------

@@ -9,6 +9,8 @@ Each test names the fault and the rule it checks (see outbox/PROTOCOL.md):
 - a row whose claim committed without the thread learning it is set back to
   ``queued`` before its id is given back (pause, shutdown, a new incarnation);
 - a send needs a live lease: a heartbeat sent less than the timeout ago;
+- a sender reads the incarnation's name and lease as one: never the new
+  incarnation's lease with the old incarnation's name;
 - heartbeats go on until the last message in hand is settled, at shutdown too;
 - a ``BLOCK_TIMEOUT`` longer than the Redis client's socket timeout works.
 
@@ -23,6 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
@@ -201,7 +204,7 @@ def test_no_send_without_a_live_lease(queue, outbox_mail):
     assert isinstance(settlement, Settlement) and settlement.outcome == "released"
     assert outbox_mail == []
     worker.beat()  # a heartbeat renews the lease
-    assert worker.lease_left() > 0
+    assert worker.lease_left(worker.worker_id) > 0
     assert loop.sender.send(started, loop.sender.connections.get("").backend).outcome == "sent"
     assert len(outbox_mail) == 1
 
@@ -224,6 +227,68 @@ def test_without_a_lease_a_worker_claims_and_marks_nothing(queue, outbox_mail):
     after = Delivery.objects.get(pk=row.pk)
     assert (after.status, after.attempts) == (Status.QUEUED, 0)
     assert not Attempt.objects.exists() and outbox_mail == []
+
+
+class PausingWorker(Worker):
+    """A worker that lets ``between_writes`` run right after the next attribute it sets."""
+
+    between_writes: Callable[[], None] | None = None
+
+    def __setattr__(self, name: str, value: object) -> None:
+        super().__setattr__(name, value)
+        hook = self.__dict__.get("between_writes")
+        if hook is not None and name != "between_writes":
+            self.__dict__["between_writes"] = None
+            hook()
+
+
+def test_a_sender_never_reads_the_new_lease_with_the_old_name(queue, outbox_mail):
+    """A thread marks and sends right after reincarnate's first write: one snapshot or none.
+
+    ``reincarnate`` used to bump a generation, then replace the name, then
+    renew the lease, each read apart by the sender threads. A thread that came
+    in between read the new generation with the old, dead name: it marked its
+    row under the incarnation the sweeper was settling and sent it (under
+    "requeue", a second copy; under "review", a row flagged that was sent).
+    Now the name and the lease are one snapshot, replaced in one write under
+    the lock the sender reads it with: the thread waits for that write, then
+    marks and sends as the new incarnation.
+    """
+    [row] = enqueue_email("s", "b", None, ["a@example.com"])
+    worker = PausingWorker(burst=True)
+    old = worker.worker_id
+    queue.register(old)
+    loop = SenderLoop(worker, 0, get_delivery_connection())
+    assert loop._claim()
+    item = loop.pending.popleft()
+    queue.redis.delete(queue.workers_key)  # declared dead meanwhile (Redis forgot it)
+    seen: dict[str, object] = {}
+
+    def mark_and_send() -> None:
+        try:
+            started = loop._mark(item)
+            assert started is not None
+            seen["outcome"] = loop.sender.deliver(started).outcome
+            seen["marked_as"] = Delivery.objects.get(pk=row.pk).worker_id
+        finally:
+            connection.close()
+
+    sender = threading.Thread(target=mark_and_send)
+
+    def a_sender_thread_runs_now() -> None:
+        sender.start()
+        # A sender that reads under the writer's lock waits for it: give up
+        # waiting then, and let the writer finish.
+        sender.join(2)
+
+    worker.between_writes = a_sender_thread_runs_now
+    worker.reincarnate(old)
+    sender.join(10)
+    assert sender.is_alive() is False and worker.worker_id != old
+    assert seen["outcome"] == "sent" and len(outbox_mail) == 1
+    assert seen["marked_as"] == worker.worker_id, (
+        f"sent a row marked under the dead incarnation {seen['marked_as']}"
+    )
 
 
 @postgresql_only
@@ -328,7 +393,7 @@ def test_a_lease_that_runs_out_mid_send_releases_the_row(settings, smtp_server, 
     link = loop.sender.connections.get("")
     link.ensure_open()
     answers = iter([100.0, -1.0])  # alive at the check before the send, gone at the dot
-    worker.lease_left = lambda: next(answers)  # type: ignore[method-assign]
+    worker.lease_left = lambda worker_id: next(answers)  # type: ignore[method-assign]
     settlement = loop.sender.send(started, link.backend)
     assert settlement.outcome == "released"
     assert smtp_server.count() == 0

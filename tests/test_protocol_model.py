@@ -778,13 +778,13 @@ class ProtocolMachine(RuleBasedStateMachine):
                 continue
             owed: Counter[int] = Counter()
             for t in w.threads:
-                if t.loop.generation != w.worker.generation:
+                if t.loop.worker_id != w.worker.worker_id:
                     continue  # its claims are the old incarnation's, for the sweeper
                 owed.update(c.id for c in t.loop.pending)
                 if t.loop.nonce is not None and t.lost_claim:
                     owed.update(c.id for c in t.lost_claim)
                 for started in (t.in_hand, t.loop.settlement and t.loop.settlement.started):
-                    if started is not None and started.generation == w.worker.generation:
+                    if started is not None and started.worker_id == w.worker.worker_id:
                         owed[started.delivery.pk] += 1
             held = Counter(view.lists[w.incarnation])
             short = {pk: (n, held[pk]) for pk, n in owed.items() if held[pk] < n}

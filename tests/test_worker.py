@@ -200,7 +200,7 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
     )
     worker = Worker(burst=True)
     row = Delivery.objects.get(pk=delivery.pk)
-    stale = Started(row, row.email, [], old_token, 0.0, worker.generation)
+    stale = Started(row, row.email, [], old_token, 0.0, worker.worker_id)
     settle_alone(worker, Settlement(stale, Attempt.Outcome.SENT))
     settle_alone(worker, failure(stale, OSError("late"), timezone.now()))
     row.refresh_from_db()
@@ -224,7 +224,7 @@ def test_an_outcome_written_twice_is_written_once():
             status=Status.PROCESSING, claim_token=token, attempts=1, worker_id=worker.worker_id
         )
         row = Delivery.objects.get(pk=delivery.pk)
-        started = Started(row, row.email, [], token, 0.0, worker.generation)
+        started = Started(row, row.email, [], token, 0.0, worker.worker_id)
         settlements.append(Settlement(started, outcome, "550 no such user" * (outcome != "sent")))
     for settlement in settlements * 2:
         assert settle_alone(worker, settlement) == [settlement.delivery.pk]
@@ -401,7 +401,7 @@ def test_two_threads_noticing_a_lost_registration_leave_one_live_incarnation(que
     assert not others[0].is_alive()
     members = [m.decode() for m in queue.redis.zrange(queue.workers_key, 0, -1)]
     assert members == [worker.worker_id] != [lost]
-    assert worker.generation == 1
+    assert worker.incarnation().worker_id == worker.worker_id != lost
 
 
 def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):

@@ -8,11 +8,13 @@ writes an :class:`~outbox.models.Attempt` with the acting user as its actor.
 
 The delivery list is built for tables of millions of rows: one query for the
 page (the email's subject comes in by a join), no count of a long list,
-filtered or not, where PostgreSQL can estimate it (:mod:`.paginator`), and no
-facet counts. Filtered by a status, the page is read from an index: the
-partial indexes of queued and processing rows, the ``(status, id, priority)``
-index of failed, abandoned and cancelled ones, and the primary key for sent
-rows, nearly all of the table (tests/test_query_plans.py).
+filtered or not, where PostgreSQL can estimate it (:mod:`.paginator`), no
+facet counts, and a search that each index answers (:func:`search_condition`):
+by address or Message-ID, never a substring scan. Filtered by a status, the
+page is read from an index: the partial indexes of queued and processing rows,
+the ``(status, id, priority)`` index of failed, abandoned and cancelled ones,
+and the primary key for sent rows, nearly all of the table
+(tests/test_query_plans.py).
 
 """
 
@@ -24,7 +26,7 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.contrib.admin.utils import flatten_fieldsets
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.http import HttpRequest
 from django.utils.safestring import SafeString
 from django.utils.translation import gettext, ngettext
@@ -34,6 +36,7 @@ from .. import operations
 from ..mail import valve
 from ..models import Attempt, Delivery
 from ..operations import TransitionResult
+from ..validation import bare_address
 from .cells import compact_time, recipient_and_subject, status_badge
 from .inlines import PartOfParentInline
 
@@ -95,8 +98,13 @@ class DeliveryAdmin(admin.ModelAdmin):
     )
     list_select_related = ("email",)
     list_filter = ("status", "priority", "updated_at", "created_at")
-    search_fields = ("recipient", "message_id", "email__subject")
-    search_help_text = _("Search by recipient, Message-ID or subject.")
+    # Shows the search box; what a term matches is search_condition's.
+    search_fields = ("recipient_key", "message_id")
+    search_help_text = _(
+        "Search by a recipient's whole address, in any case or form (bob@example.com, "
+        "Bob <BOB@Example.com>), by the start of one (bob, bob@exa), or by a whole "
+        "Message-ID (<id@host>, brackets optional). Subjects are not searched here."
+    )
     ordering = ("-id",)
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
@@ -136,6 +144,12 @@ class DeliveryAdmin(admin.ModelAdmin):
         fields = list(options["fields"])
         fields.insert(fields.index("recipient") + 1, "staging_valve")
         return [(name, {**options, "fields": fields}), *rest]
+
+    def get_search_results(
+        self, request: HttpRequest, queryset: QuerySet[Delivery], search_term: str
+    ) -> tuple[QuerySet[Delivery], bool]:
+        where = search_condition(search_term)
+        return (queryset if where is None else queryset.filter(where)), False
 
     # -- columns
 
@@ -267,6 +281,28 @@ class DeliveryAdmin(admin.ModelAdmin):
                 "Skipped %(count)d: %(reasons)s.", "Skipped %(count)d: %(reasons)s.", skipped
             ) % {"count": skipped, "reasons": skip_reasons(result.skipped)}
         self.message_user(request, message, messages.WARNING if skipped else messages.SUCCESS)
+
+
+def search_condition(term: str) -> Q | None:
+    """What the delivery list's search matches, each through an index; None: no search.
+
+    A whole address matches ``recipient_key`` exactly (the normalised form,
+    so any case and "Name <address>" find the same rows), and the same term
+    is tried as a Message-ID, with and without its angle brackets (the unique
+    index on ``message_id``). Anything else is the start of an address, a
+    prefix match on ``recipient_key`` (its index is ``varchar_pattern_ops``).
+    A substring (``icontains``) of the recipient, the Message-ID or the
+    subject, as the search once was, reads every row: 11 s at 5 million.
+    """
+    term = term.strip()
+    if not term:
+        return None
+    key = bare_address(term)
+    local, at, domain = key.rpartition("@")
+    if not (at and local and domain):
+        return Q(recipient_key__startswith=key)
+    message_id = term.strip("<>")
+    return Q(recipient_key=key) | Q(message_id__in=[message_id, f"<{message_id}>"])
 
 
 def skip_reasons(skipped: Counter[str]) -> str:

@@ -72,7 +72,9 @@ def enqueue_email(
 
     With ``idempotency_key``, a recipient that already has a delivery under that
     key gets no new one: the existing delivery is returned instead, also when
-    two calls race.
+    two calls race. Recipients are matched by address, however written
+    ("Bob <bob@example.com>", "BOB@Example.com" and "bob@example.com" are one;
+    see ``Delivery.recipient_key``).
 
     With ``expires_at`` (an aware datetime after now and after ``send_at``), a
     delivery not sent by then is never sent: it ends ``cancelled``. A
@@ -240,7 +242,9 @@ def write_one(p: Prepared) -> list[Delivery]:
     # One indexed query for every recipient of the call (on the PostgreSQL
     # path above it is part of the INSERT statement). A suppression's reason
     # wins over the valve's: it outlives the valve.
-    stopped.update(suppressed(using, [bare_address(r) for r in p.recipients]))
+    # Each recipient's recipient_key: suppression and idempotency match on it.
+    keys = [bare_address(r) for r in p.recipients]
+    stopped.update(suppressed(using, keys))
     with transaction.atomic(using=using):
         if connections[using].vendor == "postgresql":
             # Rows due now are due by the database's clock, which the worker's
@@ -249,10 +253,10 @@ def write_one(p: Prepared) -> list[Delivery]:
             not_before = p.send_at or now
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
-            existing = _existing(using, p.idempotency_key, p.recipients)
-        missing = [r for r in p.recipients if r not in existing]
+            existing = _existing(using, p.idempotency_key, keys)
+        missing = [(k, r) for r, k in zip(p.recipients, keys, strict=True) if k not in existing]
         if not missing:
-            return [existing[r] for r in p.recipients]
+            return [existing[k] for k in keys]
 
         email = _email(p, now)
         email.save(force_insert=True, using=using)
@@ -272,6 +276,7 @@ def write_one(p: Prepared) -> list[Delivery]:
             Delivery(
                 email=email,
                 recipient=recipient,
+                recipient_key=key,
                 status=Delivery.Status.CANCELLED if why else Delivery.Status.QUEUED,
                 last_error=why,
                 priority=p.priority,
@@ -283,17 +288,18 @@ def write_one(p: Prepared) -> list[Delivery]:
                 created_at=now,
                 updated_at=now,
             )
-            for recipient, message_id in zip(missing, message_ids, strict=True)
-            for why in [stopped.get(bare_address(recipient), "")]
+            for (key, recipient), message_id in zip(missing, message_ids, strict=True)
+            for why in [stopped.get(key, "")]
         ]
         if p.idempotency_key is None:
             created = Delivery.objects.using(using).bulk_create(rows)
         else:
             # A concurrent call with the same key may insert the same
-            # (key, recipient) first: ON CONFLICT DO NOTHING waits for it and
-            # skips, and the re-read below returns whichever row won.
+            # (key, recipient_key) first: ON CONFLICT DO NOTHING waits for it
+            # and skips (the unique constraint outbox_delivery_idempotency_key),
+            # and the re-read below returns whichever row won.
             Delivery.objects.using(using).bulk_create(rows, ignore_conflicts=True)
-            existing = _existing(using, p.idempotency_key, p.recipients)
+            existing = _existing(using, p.idempotency_key, keys)
             created = [d for d in existing.values() if d.email_id == email.pk]
             if not created:
                 email.delete()
@@ -303,7 +309,7 @@ def write_one(p: Prepared) -> list[Delivery]:
             transaction.on_commit(partial(_after_commit, email, created, entries), using=using)
     if p.idempotency_key is None:
         return created
-    return [existing[r] for r in p.recipients]
+    return [existing[k] for k in keys]
 
 
 def _message_ids(p: Prepared, count: int, domain: str, using: str) -> list[str]:
@@ -368,14 +374,20 @@ def _email(p: Prepared, now: datetime) -> Email:
     )
 
 
-def _existing(using: str, key: str, recipients: list[str]) -> dict[str, Delivery]:
+def _existing(using: str, key: str, recipient_keys: list[str]) -> dict[str, Delivery]:
+    """The deliveries already made under idempotency key ``key``, by recipient_key.
+
+    Matched on the normalised address, not on the recipient as written: a
+    retry that writes "Bob <bob@example.com>" or "BOB@Example.com" for
+    "bob@example.com" finds the first call's row.
+    """
     found: dict[str, Delivery] = {}
-    for start in range(0, len(recipients), _IN_CHUNK):
-        chunk = recipients[start : start + _IN_CHUNK]
+    for start in range(0, len(recipient_keys), _IN_CHUNK):
+        chunk = recipient_keys[start : start + _IN_CHUNK]
         for delivery in Delivery.objects.using(using).filter(
-            idempotency_key=key, recipient__in=chunk
+            idempotency_key=key, recipient_key__in=chunk
         ):
-            found[delivery.recipient] = delivery
+            found[delivery.recipient_key] = delivery
     return found
 
 

@@ -113,10 +113,11 @@ def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
     now = timezone.now()
     # The staging valve's cancellations, then the suppression list's (whose reason wins).
     stopped = valve.refusals(r for p in chunk for r in p.recipients)
-    stopped.update(suppressed(using, [bare_address(r) for p in chunk for r in p.recipients]))
+    keys = [[bare_address(r) for r in p.recipients] for p in chunk]
+    stopped.update(suppressed(using, [k for ks in keys for k in ks]))
     domains: dict[str, str] = {}
     rows: list[BulkRow] = []
-    for p in chunk:
+    for p, p_keys in zip(chunk, keys, strict=True):
         domain = domains.get(p.from_email)
         if domain is None:
             domain = domains[p.from_email] = message_id_domain(p.from_email)
@@ -125,7 +126,8 @@ def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
                 p,
                 p.send_at or now,
                 [make_message_id(domain) for _ in p.recipients],
-                [stopped.get(bare_address(r), "") for r in p.recipients],
+                p_keys,
+                [stopped.get(k, "") for k in p_keys],
             )
         )
     emails, deliveries = insert_many(rows, using=using, now=now)

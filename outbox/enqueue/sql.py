@@ -83,7 +83,9 @@ def insert_postgresql(
     why = [reasons[m] for m in message_ids]
     if p.send_at is None:
         not_before = returned[0][4]  # the database's now(), which the rows hold
-    return _deliveries(p, email, message_ids, why, ids, using=using, now=now, not_before=not_before)
+    return _deliveries(
+        p, email, message_ids, bare, why, ids, using=using, now=now, not_before=not_before
+    )
 
 
 @functools.cache
@@ -101,6 +103,7 @@ def _deliveries(
     p: Prepared,
     email: Email,
     message_ids: Sequence[str],
+    keys: Sequence[str],
     why: Sequence[str],
     ids: dict[str, int],
     *,
@@ -108,7 +111,10 @@ def _deliveries(
     now: datetime,
     not_before: datetime,
 ) -> list[Delivery]:
-    """The inserted rows as Delivery instances, without reading them back."""
+    """The inserted rows as Delivery instances, without reading them back.
+
+    ``keys``: each recipient's ``recipient_key`` (``validation.bare_address``).
+    """
     template = dict(_delivery_defaults())
     template.update(
         email_id=email.pk,
@@ -123,9 +129,13 @@ def _deliveries(
     cancelled = Delivery.Status.CANCELLED
     cache = Delivery.email.field
     created = []
-    for recipient, message_id, reason in zip(p.recipients, message_ids, why, strict=True):
+    for recipient, message_id, key, reason in zip(
+        p.recipients, message_ids, keys, why, strict=True
+    ):
         values = template.copy()
-        values.update(id=ids[message_id], recipient=recipient, message_id=message_id)
+        values.update(
+            id=ids[message_id], recipient=recipient, recipient_key=key, message_id=message_id
+        )
         if reason:
             values.update(status=cancelled, last_error=reason)
         delivery = loaded_instance(Delivery, values, using)
@@ -143,6 +153,7 @@ class BulkRow(NamedTuple):
     prepared: Prepared
     not_before: datetime
     message_ids: list[str]
+    keys: list[str]  # per recipient: its recipient_key (validation.bare_address)
     why: list[str]  # per recipient: why it is suppressed, or ""
 
 
@@ -200,6 +211,7 @@ def insert_many(
                 r.prepared,
                 email,
                 r.message_ids,
+                r.keys,
                 r.why,
                 ids,
                 using=using,
@@ -219,6 +231,7 @@ def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]
         for name in (
             "items",
             "recipients",
+            "keys",
             "message_ids",
             "why",
             "priorities",
@@ -232,6 +245,7 @@ def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]
         n = len(p.recipients)
         per_delivery["items"] += [item] * n
         per_delivery["recipients"] += p.recipients
+        per_delivery["keys"] += r.keys
         per_delivery["message_ids"] += r.message_ids
         per_delivery["why"] += r.why
         per_delivery["priorities"] += [p.priority] * n
@@ -278,7 +292,9 @@ def _deliveries_json(rows: Sequence[BulkRow], emails: Sequence[Email], adapt: An
         p = r.prepared
         not_before = adapt(r.not_before)
         expires = adapt(p.expires_at) if p.expires_at is not None else None
-        for recipient, message_id, why in zip(p.recipients, r.message_ids, r.why, strict=True):
+        for recipient, message_id, key, why in zip(
+            p.recipients, r.message_ids, r.keys, r.why, strict=True
+        ):
             out.append(
                 [
                     email.pk,
@@ -289,6 +305,7 @@ def _deliveries_json(rows: Sequence[BulkRow], emails: Sequence[Email], adapt: An
                     p.max_attempts,
                     not_before,
                     expires,
+                    key,
                 ]
             )
     return json.dumps(out)

@@ -1,8 +1,8 @@
 """The PL/pgSQL functions behind the ``..._CALL`` statements of ``postgresql.py``.
 
-Migrations 0005, 0008, 0011 and 0012 create them (``STEP_FUNCTION_V1``, then
-``_V2``, ``ENQUEUE_FUNCTION_V1``, ``ENQUEUE_ONE_FUNCTION_V1``,
-``STEPS_FUNCTION_V1``); why the hot path calls functions at all is told in
+Migrations 0005, 0008, 0011, 0012 and 0013 create them (``STEP_FUNCTION_V1``,
+then ``_V2``, ``ENQUEUE_FUNCTION_V1`` and ``ENQUEUE_ONE_FUNCTION_V1``, then
+their ``_V2``, ``STEPS_FUNCTION_V1``); why the hot path calls functions at all is told in
 ``postgresql.py``.
 
 Each function's DDL is frozen once a release ships it: a change is a new
@@ -298,6 +298,86 @@ DROP_ENQUEUE_ONE = (
 )
 
 
+# -- the enqueue functions, writing Delivery.recipient_key (migration 0013) ---------------
+
+# ENQUEUE_FUNCTION_V1 that also writes ``recipient_key``, the normalised
+# address (``p_bare``, the form the suppression list is matched on): the same
+# signature, parameters and rows returned.
+ENQUEUE_FUNCTION_V2 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipients text[], p_message_ids text[], p_bare text[], p_mailer varchar
+) RETURNS TABLE (id bigint, email_id bigint, message_id varchar, last_error text)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    new_email bigint;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
+    RETURNING e.id INTO new_email;
+    RETURN QUERY
+    INSERT INTO outbox_delivery AS d (email_id, recipient, recipient_key, status, priority,
+        attempts, max_attempts, not_before, expires_at, worker_id, message_id, last_error,
+        created_at, updated_at)
+    SELECT new_email, r.recipient, r.bare,
+        CASE WHEN s.address IS NULL THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', r.message_id,
+        CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
+        p_now, p_now
+    FROM unnest(p_recipients, p_message_ids, p_bare) AS r(recipient, message_id, bare)
+    LEFT JOIN outbox_suppression s ON s.address = r.bare
+    RETURNING d.id, d.email_id, d.message_id, d.last_error;
+END
+$$
+"""
+
+# ENQUEUE_ONE_FUNCTION_V1 that also writes ``recipient_key`` (``p_bare``).
+ENQUEUE_ONE_FUNCTION_V2 = """
+CREATE OR REPLACE FUNCTION outbox_enqueue_one(
+    p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
+    p_headers jsonb, p_now timestamptz, p_priority varchar, p_max_attempts integer,
+    p_not_before timestamptz, p_expires_at timestamptz,
+    p_recipient text, p_message_id text, p_bare text, p_mailer varchar
+) RETURNS text[]
+LANGUAGE plpgsql AS $$
+DECLARE
+    s record;
+    delivery_id bigint;
+    new_email_id bigint;
+    why text;
+BEGIN
+    INSERT INTO outbox_email AS e (subject, body, html_message, from_email, reply_to, headers,
+        mailer, created_at)
+    VALUES (p_subject, p_body, p_html, p_from, p_reply_to, p_headers, p_mailer, p_now)
+    RETURNING e.id INTO new_email_id;
+    why := '';
+    SELECT x.address, x.source, x.reason INTO s
+    FROM outbox_suppression x WHERE x.address = p_bare;
+    IF FOUND THEN
+        why := left('suppressed: ' || s.address
+            || ' is on the suppression list (' || s.source || ')'
+            || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000);
+    END IF;
+    INSERT INTO outbox_delivery AS d (email_id, recipient, recipient_key, status, priority,
+        attempts, max_attempts, not_before, expires_at, worker_id, message_id, last_error,
+        created_at, updated_at)
+    VALUES (new_email_id, p_recipient, p_bare,
+        CASE WHEN why = '' THEN 'queued' ELSE 'cancelled' END,
+        p_priority, 0, p_max_attempts, p_not_before, p_expires_at, '', p_message_id, why,
+        p_now, p_now)
+    RETURNING d.id INTO delivery_id;
+    RETURN ARRAY[delivery_id::text, new_email_id::text, why];
+END
+$$
+"""
+
+
 def run_on_postgresql(sql: str) -> object:
     """A RunPython callable that runs ``sql`` on PostgreSQL and does nothing elsewhere.
 
@@ -318,8 +398,8 @@ def run_on_postgresql(sql: str) -> object:
 # Each function's DDL as the newest migration that writes it leaves it, by that migration.
 CURRENT = {
     "outbox_step": ("0011_message_structure", STEP_FUNCTION_V2),
-    "outbox_enqueue": ("0005_postgresql_functions", ENQUEUE_FUNCTION_V1),
-    "outbox_enqueue_one": ("0008_enqueue_one_function", ENQUEUE_ONE_FUNCTION_V1),
+    "outbox_enqueue": ("0015_delivery_recipient_key", ENQUEUE_FUNCTION_V2),
+    "outbox_enqueue_one": ("0015_delivery_recipient_key", ENQUEUE_ONE_FUNCTION_V2),
     "outbox_steps": ("0012_batched_steps_function", STEPS_FUNCTION_V1),
 }
 

@@ -13,7 +13,8 @@ What is here, in the order an email meets it:
 - ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
   path (any outcome other than a success);
 - the PL/pgSQL functions behind the ``..._CALL`` statements are in
-  ``functions.py`` next to this (migrations 0005, 0008, 0011 and 0012 create them).
+  ``functions.py`` next to this (migrations 0005, 0008, 0011, 0012 and 0013
+  create them).
 
 The code that runs them is in ``outbox/worker/sql.py`` and
 ``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
@@ -68,9 +69,10 @@ WITH email AS (
         %(headers)s::jsonb, %(mailer)s, %(structure)s::jsonb, %(now)s)
     RETURNING id
 )
-INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT email.id, r.recipient,
+INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status, priority, attempts,
+    max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+    updated_at)
+SELECT email.id, r.recipient, r.bare,
     CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
     %(priority)s, 0, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s, '', r.message_id,
@@ -84,7 +86,7 @@ LEFT JOIN outbox_suppression s ON s.address = r.bare
 RETURNING id, email_id, message_id, last_error, now()
 """
 
-# The same through ENQUEUE_FUNCTION_V1: same parameters, same rows returned, but
+# The same through ENQUEUE_FUNCTION_V2: same parameters, same rows returned, but
 # no ``structure`` (a drop-in backend message takes the statement above).
 ENQUEUE_CALL = """
 SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
@@ -94,7 +96,7 @@ SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %
     %(bare)s::text[], %(mailer)s)
 """
 
-# The common case of all, one recipient, through ENQUEUE_ONE_FUNCTION_V1: the
+# The common case of all, one recipient, through ENQUEUE_ONE_FUNCTION_V2: the
 # same parameters as one scalar each instead of arrays, one value returned.
 # Arrays cost both ends of the connection more than the rows. The function is
 # called in the select list, not ``FROM``: at Django's defaults every call is
@@ -127,17 +129,19 @@ WITH ids AS MATERIALIZED (
     JOIN ids USING (item)
     RETURNING id
 )
-INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT email.id, d.recipient,
+INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status, priority, attempts,
+    max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+    updated_at)
+SELECT email.id, d.recipient, d.recipient_key,
     CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
     d.priority, 0, d.max_attempts, COALESCE(d.not_before, now()), d.expires_at, '',
     d.message_id, d.why,
     %(now)s, %(now)s
-FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(message_ids)s::text[],
-    %(why)s::text[], %(priorities)s::text[], %(max_attempts)s::integer[],
-    %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])
-    AS d(item, recipient, message_id, why, priority, max_attempts, not_before, expires_at)
+FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(keys)s::text[],
+    %(message_ids)s::text[], %(why)s::text[], %(priorities)s::text[],
+    %(max_attempts)s::integer[], %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])
+    AS d(item, recipient, recipient_key, message_id, why, priority, max_attempts, not_before,
+        expires_at)
 JOIN ids USING (item)
 JOIN email ON email.id = ids.id
 RETURNING id, email_id, message_id, now()

@@ -82,9 +82,10 @@ RETURNING id
 """
 
 ENQUEUE_MANY_DELIVERIES = """
-INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts, max_attempts,
-    not_before, expires_at, worker_id, message_id, last_error, created_at, updated_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status, priority, attempts,
+    max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
+    updated_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[8]'),
     CASE WHEN json_extract(value, '$[3]') = '' THEN %s ELSE %s END,
     json_extract(value, '$[4]'), 0, json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), '', json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s, %s
 FROM json_each(%s)

@@ -33,12 +33,13 @@ def started_from(
     token: uuid.UUID,
     claimed: sql.ClaimedRow | None,
     begun: float,
-    generation: int,
+    worker_id: str,
 ) -> Started | None:
     """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
 
-    ``begun`` (time.monotonic()) and ``generation`` were read before the step
-    was issued: the send is fenced by them, not by when the reply came.
+    ``begun`` (time.monotonic()) and ``worker_id``, the incarnation the step
+    marked the row under, were read before the step was issued: the send is
+    fenced by that incarnation's lease, not by when the reply came.
 
     The UPDATE left the row naming this incarnation, the claim token and
     the start time: all the evidence the sweeper needs if we die before
@@ -70,4 +71,4 @@ def started_from(
         email, attachments = worker.emails.remember(claimed.email, claimed.has_attachments)
     else:
         email, attachments = worker.emails.content(delivery.email_id)
-    return Started(delivery, email, attachments, token, begun, generation)
+    return Started(delivery, email, attachments, token, begun, worker_id)

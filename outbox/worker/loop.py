@@ -55,7 +55,9 @@ class SenderLoop:
         self.random = random.Random(os.urandom(32))
         self.settlement: Settlement | None = None  # the outcome in hand, not yet written
         self.nonce: str | None = None  # the claim to repeat after a lost reply
-        self.generation = worker.generation
+        # The incarnation this thread's claims were made under: once the
+        # worker carries on as another, they are the sweeper's.
+        self.worker_id = worker.worker_id
         self.pause = Backoff(worker)
         self.gate = Gate(worker)  # sending control: pauses, slowed domains, rate limits
         # Step 3: the mail connections (the default one, ``backend``, and one
@@ -69,7 +71,7 @@ class SenderLoop:
         try:
             while not self.worker.stop_event.is_set():
                 self._forget_claims_of_a_dead_incarnation()
-                if self.worker.lease_left() <= 0:
+                if self.worker.incarnation().lease_left() <= 0:
                     self._wait_for_the_lease()
                     continue
                 if not self.pending:
@@ -172,7 +174,8 @@ class SenderLoop:
         self._idle(paused=True)
 
     def _forget_claims_of_a_dead_incarnation(self) -> None:
-        if self.generation != self.worker.generation:
+        current = self.worker.worker_id
+        if self.worker_id != current:
             # Declared dead: ids claimed under the old incarnation are the
             # sweeper's. A row whose claim may have committed is set back
             # first, so the sweeper does not flag a row that was never sent.
@@ -185,7 +188,7 @@ class SenderLoop:
             self.pending.clear()
             self.acks.clear()
             self.nonce = None
-            self.generation = self.worker.generation
+            self.worker_id = current
 
     # -- step 2 (with step 4 of the previous message): mark -----------------------
 
@@ -196,11 +199,12 @@ class SenderLoop:
         the item waits at the head of ``pending`` with its token).
         """
         token = self.tokens.pop(item.id, None) or self._new_token()
-        # Read before the step: a send is fenced by the incarnation that made
-        # the claim and by a lease clock that runs while the step is blocked.
-        generation, begun = self.worker.generation, time.monotonic()
+        # Read before the step, as one snapshot: the row is marked under this
+        # incarnation's name, and its send is fenced by that same name's lease,
+        # a clock that runs while the step is blocked.
+        worker_id, begun = self.worker.incarnation().worker_id, time.monotonic()
         try:
-            changed, claimed = self._settle_and_mark(item, token)
+            changed, claimed = self._settle_and_mark(item, token, worker_id)
         except DatabaseError as exc:
             # Keep the outcome and the token: if the transaction did commit,
             # the retry finds both rows already written under our tokens.
@@ -210,7 +214,7 @@ class SenderLoop:
         if self.settlement is not None:
             self._settled(self.settlement, changed)
         try:
-            started = started_from(self.worker, item, token, claimed, begun, generation)
+            started = started_from(self.worker, item, token, claimed, begun, worker_id)
         except DatabaseError as exc:
             # The step committed (the outcome is written), but reading what it
             # claimed failed: this thread's own connection, which the step does
@@ -247,7 +251,7 @@ class SenderLoop:
         return held
 
     def _settle_and_mark(
-        self, item: Claimed, token: uuid.UUID
+        self, item: Claimed, token: uuid.UUID, worker_id: str
     ) -> tuple[int, sql.ClaimedRow | None]:
         """Step 4 of the previous message and step 2 of the next, in one transaction.
 
@@ -258,12 +262,12 @@ class SenderLoop:
         s = self.settlement
         now = self.worker.clock.now()
         if self._grouped(s):
-            return self._group_step(s, item.id, token, now, self.worker.emails.recent())
+            return self._group_step(s, item.id, token, now, self.worker.emails.recent(), worker_id)
         # SQLite: see Worker.sqlite_write_lock.
         one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic():
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
-            return changed, sql.claim_row(item.id, self.worker.worker_id, token, now)
+            return changed, sql.claim_row(item.id, worker_id, token, now)
 
     def _grouped(self, s: Settlement | None) -> bool:
         """Nothing or a success to write: a step for the group commit."""
@@ -278,9 +282,10 @@ class SenderLoop:
         token: uuid.UUID,
         now: datetime,
         known: int,
+        worker_id: str,
     ) -> tuple[int, sql.ClaimedRow | None]:
         settle = (s.delivery.pk, s.started.token) if s is not None else None
-        step = sql.Step(settle, claim_id, self.worker.worker_id, token, now, known)
+        step = sql.Step(settle, claim_id, worker_id, token, now, known)
         changed, claimed = self.worker.group_commit.run(step)
         if s is not None and not changed:
             changed = sent_but_not_ours(s, now)
@@ -300,7 +305,7 @@ class SenderLoop:
                 # A success alone is a step with nothing to claim, so that a
                 # sender thread needs no database connection of its own (at the
                 # end of a burst run every thread writes its last one here).
-                return self._group_step(s, None, s.started.token, now, 0)[0]
+                return self._group_step(s, None, s.started.token, now, 0, self.worker.worker_id)[0]
             with transaction.atomic():
                 return write_outcome(s, now, self.worker.push_quietly)
 

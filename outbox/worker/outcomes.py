@@ -63,7 +63,7 @@ class Started:
     attachments: list[Attachment]
     token: uuid.UUID
     started: float  # time.monotonic() when the step that marked it was issued
-    generation: int
+    worker_id: str  # the incarnation the row was marked under: the one whose lease fences the send
 
 
 @dataclass

@@ -32,6 +32,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from types import FrameType
 from typing import Any
 
@@ -50,16 +51,12 @@ from ..queue.reliable import RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit
+from .host import Incarnation
 from .loop import SenderLoop
 from .report import Stats
 from .sql import Step, StepResult, run_steps
 
 logger = logging.getLogger("outbox.worker")
-
-# A send needs a lease: the last heartbeat that found this incarnation alive
-# was sent less than this share of HEARTBEAT_TIMEOUT ago. The rest of the
-# timeout is the margin between the sweeper's clock and ours.
-LEASE_SHARE = 0.8
 
 # The exit status of a worker that gave up on an unreachable Redis or
 # database: EX_TEMPFAIL of sysexits.h ("try again later").
@@ -96,7 +93,6 @@ class Worker:
         if give_up_after is not None and give_up_after <= 0:
             raise ValueError("give_up_after must be positive")
         self.name = worker_id or default_worker_id()
-        self.worker_id = new_incarnation(self.name)
         self.concurrency = concurrency
         self.burst = burst
         self.max_messages = max_messages
@@ -114,21 +110,21 @@ class Worker:
         self.emails = EmailCache()
         # The operator's switches as the claims saw them (outbox/queue/control.py).
         self.control = ControlView()
-        # Bumped at every new incarnation: ids claimed under an older one are
-        # the sweeper's now.
-        self.generation = 0
         self.crashed = False
-        # time.monotonic() when the last heartbeat (or registration) that found
-        # this incarnation alive was sent: the start of its current lease.
-        self.lease_from = time.monotonic()
+        # The incarnation's name and lease, replaced as one under `_lock`
+        # (host.py, Incarnation): ids claimed under an older name are the
+        # sweeper's now.
+        self._incarnation = Incarnation(new_incarnation(self.name), time.monotonic())
         # The heartbeat outlives stop_event: it beats until every sender thread
         # has finished its message, or the sweeper would take rows mid-send.
         self._heartbeat_stop = threading.Event()
         self._handled = 0
+        # Held briefly: the message count and the incarnation snapshot.
         self._lock = threading.Lock()
-        # Its own lock: a new incarnation's registration may be retried for as
-        # long as Redis is away, and the sender threads must still count their
-        # messages under `_lock` meanwhile.
+        # Its own lock, serialising reincarnations: a new incarnation's
+        # registration may be retried for as long as Redis is away, and the
+        # sender threads must still read the snapshot and count their messages
+        # under `_lock` meanwhile.
         self._incarnation_lock = threading.Lock()
         # SQLite has one writer at a time, and a thread that finds the file
         # locked sleeps in SQLite's busy handler (1 ms, 2 ms, 5 ms, ...). The
@@ -144,6 +140,41 @@ class Worker:
     @property
     def delivered_total(self) -> int:
         return self.stats.delivered_total
+
+    # -- the incarnation, read as one ------------------------------------------------
+
+    def incarnation(self) -> Incarnation:
+        """The current incarnation's name and lease, as one snapshot."""
+        with self._lock:
+            return self._incarnation
+
+    @property
+    def worker_id(self) -> str:
+        """The current incarnation's name (a sender that also needs the lease reads
+        :meth:`incarnation` instead)."""
+        return self.incarnation().worker_id
+
+    @property
+    def lease_from(self) -> float:
+        return self.incarnation().lease_from
+
+    @lease_from.setter
+    def lease_from(self, value: float) -> None:
+        """Set the current incarnation's lease start (at its registration; tests
+        freeze a worker this way)."""
+        with self._lock:
+            self._incarnation = replace(self._incarnation, lease_from=value)
+
+    def lease_left(self, worker_id: str) -> float:
+        """Seconds incarnation ``worker_id`` may still start a send; not positive: it may not.
+
+        An incarnation that is no longer the current one has no lease at all:
+        the name and the lease are read in one snapshot, never apart.
+        """
+        current = self.incarnation()
+        if current.worker_id != worker_id:
+            return float("-inf")
+        return current.lease_left()
 
     # -- life cycle ---------------------------------------------------------------
 
@@ -362,12 +393,11 @@ class Worker:
                 new,
             )
             registered_at = self._register(new)
+            # The name and the lease in one assignment: a sender reads both
+            # of the old incarnation or both of the new one, never the new
+            # lease with the old name (host.py, Incarnation).
             with self._lock:
-                self.generation += 1
-                self.worker_id = new
-            # Only now: a sender that read the old generation must not find a
-            # fresh lease (see SenderLoop._send).
-            self.lease_from = registered_at
+                self._incarnation = Incarnation(new, registered_at)
 
     def _heartbeat_loop(self) -> None:
         interval = outbox_settings.HEARTBEAT_INTERVAL
@@ -383,22 +413,13 @@ class Worker:
         sent_at = time.monotonic()
         now, alive = self.queue.heartbeat(worker_id)
         self.clock.observe(now)
-        if alive:
-            self.lease_from = max(self.lease_from, sent_at)
-        else:
+        if not alive:
             self.reincarnate(worker_id)
-
-    def lease_left(self) -> float:
-        """Seconds this incarnation may still start a send; not positive: it may not.
-
-        The sweeper declares an incarnation dead when its heartbeat is
-        HEARTBEAT_TIMEOUT old by Redis' clock. The lease counts from when the
-        last successful heartbeat was *sent*, before Redis stamped it, so it
-        ends before the sweeper may act, whatever froze us (SIGSTOP, a Redis
-        outage, a stalled step).
-        """
-        lease = LEASE_SHARE * outbox_settings.HEARTBEAT_TIMEOUT
-        return lease - (time.monotonic() - self.lease_from)
+            return
+        with self._lock:
+            # Renews the incarnation it found alive, not one that replaced it meanwhile.
+            if self._incarnation.worker_id == worker_id:
+                self._incarnation = self._incarnation.renewed(sent_at)
 
     # -- shared by the sender threads ------------------------------------------------
 

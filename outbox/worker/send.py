@@ -51,7 +51,7 @@ class Sender:
         self.gate = gate  # told of send errors (slowed domains)
         # The default connection (``backend``) and, created on first use, one per mailer.
         self.connections = Connections(backend, fence=self.may_hand_over)
-        self.sending_generation = worker.generation  # of the row being sent
+        self.sending_as = worker.worker_id  # the incarnation the row being sent was marked under
         self.last_send = 0.0  # time.monotonic() when a send last ended
 
     def deliver(self, started: Started) -> Settlement:
@@ -74,13 +74,13 @@ class Sender:
 
     def may_hand_over(self) -> bool:
         """The fence asked right before SMTP's final dot: the same as before the send."""
-        return self.sending_generation == self.worker.generation and self.worker.lease_left() > 0
+        return self.worker.lease_left(self.sending_as) > 0
 
     def send(
         self, started: Started, backend: BaseEmailBackend, server: Server | None = None
     ) -> Settlement:
         """Send one copy on ``backend`` (open, reaching ``server``), under a live lease."""
-        if started.generation != self.worker.generation or self.worker.lease_left() <= 0:
+        if self.worker.lease_left(started.worker_id) <= 0:
             # Declared dead since the claim, or no heartbeat has renewed the
             # lease lately (we were frozen, or Redis is away): the sweeper may
             # already have acted on this row, or may before the send ends.
@@ -92,7 +92,7 @@ class Sender:
             refused = self.note_server(started, server)
             if refused is not None:
                 return refused
-        self.sending_generation = started.generation
+        self.sending_as = started.worker_id
         try:
             built = self.worker.emails.builds(started.email)
             message = build_message(started.delivery, started.email, started.attachments, built)

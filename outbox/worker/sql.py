@@ -94,6 +94,7 @@ def _delivery(
             "id": pk,
             "email_id": email_id,
             "recipient": recipient,
+            "recipient_key": "",
             "status": Status.PROCESSING,
             "priority": priority,
             "attempts": attempts,

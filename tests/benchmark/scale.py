@@ -83,10 +83,11 @@ class ScaleMixin:
             email_id = cur.fetchone()[0]
             cur.execute(
                 """
-                INSERT INTO outbox_delivery (email_id, recipient, status, priority, attempts,
-                    max_attempts, not_before, worker_id, claim_token, processing_started_at,
-                    sent_at, message_id, last_error, idempotency_key, created_at, updated_at)
-                SELECT %s, 'old' || g || '@example.com',
+                INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status,
+                    priority, attempts, max_attempts, not_before, worker_id, claim_token,
+                    processing_started_at, sent_at, message_id, last_error, idempotency_key,
+                    created_at, updated_at)
+                SELECT %s, 'old' || g || '@example.com', 'old' || g || '@example.com',
                     CASE WHEN g %% 100 = 0 THEN 'failed' ELSE 'sent' END, 'normal', 1, 5,
                     t, 'old-worker', gen_random_uuid(), t,
                     CASE WHEN g %% 100 = 0 THEN NULL ELSE t END,
