@@ -79,6 +79,9 @@ class Settlement:
     # Recipients the server refused for good (5xx at RCPT): suppressed with
     # the outcome when OUTBOX["SUPPRESS_ON_REFUSAL"] is on.
     refused: list[str] = field(default_factory=list)
+    # For a success: where the copy really went when the staging valve
+    # redirected it (OUTBOX["REDIRECT_TO"]), for the log line; "" otherwise.
+    sent_to: str = ""
 
     @property
     def delivery(self) -> Delivery:

@@ -95,7 +95,9 @@ class Sender:
             self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
-        return Settlement(started, Outcome.SENT, note)
+        # A redirected copy went to its one envelope address, not the row's recipient.
+        sent_to = ", ".join(message.recipients()) if note else ""
+        return Settlement(started, Outcome.SENT, note, sent_to=sent_to)
 
     def idle(self, paused: bool) -> None:
         """The thread is about to idle: close connections that have idled a while."""
