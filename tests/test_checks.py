@@ -165,7 +165,7 @@ def test_what_e005_refuses_is_not_read_either(settings, value):
     # it is read, not coerced (int(2.5) would silently be 2).
     outbox(settings, MAX_ATTEMPTS=value)
     with pytest.raises(ImproperlyConfigured, match="expected an integer"):
-        outbox_settings.MAX_ATTEMPTS
+        _ = outbox_settings.MAX_ATTEMPTS
 
 
 def test_two_numbers_of_the_wrong_type_are_both_named(settings):

@@ -11,17 +11,59 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from datetime import datetime
 from typing import Any, NamedTuple
 
-from django.db import connections
+from django.db import connections, transaction
 
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance
 from ..models import Delivery, Email
 from ..statements import postgresql, sqlite
 from .prepare import Prepared
+
+# One lock per database alias: this process's enqueue transactions on SQLite,
+# one at a time. Reentrant: an on_commit callback (a delivery_queued receiver)
+# may enqueue again while the lock is still held.
+_sqlite_writers: dict[str, threading.RLock] = {}
+_sqlite_writers_guard = threading.Lock()
+
+
+@contextmanager
+def write_transaction(using: str) -> Iterator[None]:
+    """``transaction.atomic(using=using)`` for an enqueue; on SQLite, made to wait its turn.
+
+    SQLite has one writer at a time, and Django's defaults (``startproject``:
+    no ``transaction_mode``, a 5 s busy timeout) let a web process's threads
+    compete for it by polling: under a few dozen concurrent requests beside a
+    worker, some waited past 5 s and failed with "database is locked". When
+    this call opens the transaction (not inside the caller's ``atomic()``),
+    this process's enqueues take their turn on a lock instead, so each one
+    meets only other processes (the worker, one writer at a time too) in
+    SQLite's busy handler, and the transaction takes the write lock first
+    (:data:`outbox.statements.sqlite.TAKE_WRITE_LOCK`). Inside the caller's
+    transaction the caller's locking applies, whatever it is.
+    """
+    connection = connections[using]
+    if connection.vendor != "sqlite" or connection.in_atomic_block:
+        with transaction.atomic(using=using):
+            yield
+        return
+    with _sqlite_writer(using), transaction.atomic(using=using):
+        with connection.cursor() as cursor:
+            cursor.execute(sqlite.TAKE_WRITE_LOCK)
+        yield
+
+
+def _sqlite_writer(using: str) -> threading.RLock:
+    with _sqlite_writers_guard:
+        lock = _sqlite_writers.get(using)
+        if lock is None:
+            lock = _sqlite_writers[using] = threading.RLock()
+        return lock
 
 
 def insert_postgresql(
