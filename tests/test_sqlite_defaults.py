@@ -163,3 +163,9 @@ def test_w013_names_what_is_missing(monkeypatch, options, named):
 def test_w013_is_quiet_with_the_options(monkeypatch, options):
     monkeypatch.setitem(connection.settings_dict, "OPTIONS", options)
     assert check_sqlite_options() == []
+
+
+def test_w013_is_quiet_for_an_in_memory_database(monkeypatch):
+    monkeypatch.setitem(connection.settings_dict, "OPTIONS", {})
+    monkeypatch.setitem(connection.settings_dict, "NAME", ":memory:")
+    assert check_sqlite_options() == []

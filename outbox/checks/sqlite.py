@@ -40,6 +40,9 @@ def check_sqlite_options(
         settings_dict = connections[alias].settings_dict
         if "sqlite3" not in str(settings_dict.get("ENGINE", "")):
             continue
+        name = str(settings_dict.get("NAME", ""))
+        if name == ":memory:" or "mode=memory" in name:
+            continue  # no worker process can share it
         missing = _missing(settings_dict.get("OPTIONS") or {})
         if missing:
             warnings.append(
