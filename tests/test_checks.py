@@ -80,6 +80,7 @@ def test_a_misspelt_key_is_an_error_naming_both(settings, key, meant):
     assert error.msg == f"OUTBOX: {key} is not a setting; did you mean {meant}?"
 
 
+@pytest.mark.django_db  # the model checks may ask the database what it supports
 def test_the_worker_refuses_to_start_on_a_misspelt_safety_setting(settings):
     # A staging site whose valve is misspelt would send to real customers.
     outbox(settings, ALLOWED_RECIPIENT=["*@example.com"], REDIRECT_TO="qa@example.com")

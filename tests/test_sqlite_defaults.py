@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from outbox import enqueue_email, signals
 from outbox.checks.sqlite import check_sqlite_options
 from outbox.models import Delivery
 from tests.cells import only_in_cells
@@ -128,6 +129,32 @@ def test_concurrent_requests_beside_a_worker_all_succeed(web, worker_process):
     )
     assert Delivery.objects.count() == len(statuses)  # none enqueued twice
     assert worker.poll() is None
+
+
+def test_the_turn_ends_before_the_callbacks_after_the_commit():
+    """A slow Redis push or signal receiver holds up no other enqueue, nor its own."""
+    seen: list[str] = []
+
+    def other_thread_enqueues() -> None:
+        enqueue_email("Other", "Body", None, ["other@example.com"])
+        seen.append("other thread")
+
+    def receiver(**kwargs: object) -> None:
+        if seen:
+            return
+        seen.append("receiver")
+        enqueue_email("Again", "Body", None, ["again@example.com"])  # the same thread
+        thread = threading.Thread(target=other_thread_enqueues)
+        thread.start()
+        thread.join(timeout=10)  # would wait for ever if the turn were still held
+
+    signals.email_enqueued.connect(receiver, dispatch_uid="test-turn")
+    try:
+        enqueue_email("First", "Body", None, ["first@example.com"])
+    finally:
+        signals.email_enqueued.disconnect(dispatch_uid="test-turn")
+    assert seen == ["receiver", "other thread"]
+    assert Delivery.objects.count() == 3
 
 
 def test_w013_names_the_two_options_and_why(monkeypatch):

@@ -26,9 +26,8 @@ from ..statements import postgresql, sqlite
 from .prepare import Prepared
 
 # One lock per database alias: this process's enqueue transactions on SQLite,
-# one at a time. Reentrant: an on_commit callback (a delivery_queued receiver)
-# may enqueue again while the lock is still held.
-_sqlite_writers: dict[str, threading.RLock] = {}
+# one at a time.
+_sqlite_writers: dict[str, threading.Lock] = {}
 _sqlite_writers_guard = threading.Lock()
 
 
@@ -46,23 +45,41 @@ def write_transaction(using: str) -> Iterator[None]:
     SQLite's busy handler, and the transaction takes the write lock first
     (:data:`outbox.statements.sqlite.TAKE_WRITE_LOCK`). Inside the caller's
     transaction the caller's locking applies, whatever it is.
+
+    The turn ends with the commit, before the other on_commit callbacks (the
+    Redis push, the signal), so a slow or absent Redis never holds up the
+    next enqueue's turn, and a receiver that enqueues again takes a new one.
     """
     connection = connections[using]
     if connection.vendor != "sqlite" or connection.in_atomic_block:
         with transaction.atomic(using=using):
             yield
         return
-    with _sqlite_writer(using), transaction.atomic(using=using):
-        with connection.cursor() as cursor:
-            cursor.execute(sqlite.TAKE_WRITE_LOCK)
-        yield
+    lock = _sqlite_writer(using)
+    lock.acquire()
+    released = False
+
+    def release() -> None:
+        nonlocal released
+        if not released:
+            released = True
+            lock.release()
+
+    try:
+        with transaction.atomic(using=using):
+            transaction.on_commit(release, using=using)  # the first callback to run
+            with connection.cursor() as cursor:
+                cursor.execute(sqlite.TAKE_WRITE_LOCK)
+            yield
+    finally:
+        release()  # a rollback runs no callback
 
 
-def _sqlite_writer(using: str) -> threading.RLock:
+def _sqlite_writer(using: str) -> threading.Lock:
     with _sqlite_writers_guard:
         lock = _sqlite_writers.get(using)
         if lock is None:
-            lock = _sqlite_writers[using] = threading.RLock()
+            lock = _sqlite_writers[using] = threading.Lock()
         return lock
 
 
