@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings as django_settings
+from django.core.exceptions import ImproperlyConfigured
 
 DEFAULTS: dict[str, Any] = {
     # django-redis cache alias whose connection carries the queue.
@@ -115,12 +116,40 @@ PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
 ABANDONED_POLICIES: tuple[str, ...] = ("review", "requeue")
 
 
+class SettingTypeError(ImproperlyConfigured, TypeError):
+    """An ``OUTBOX`` number of the wrong type; the text names the key, the value and the type.
+
+    Raised when the setting is read, and reported by check ``outbox.E005`` from
+    the same reader, so what the check accepts is exactly what the code reads.
+    """
+
+
+def integer(name: str, value: Any) -> int:
+    """``value`` of ``OUTBOX[name]`` if it is an int; 2.5, "5" and True are refused, not coerced."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    raise SettingTypeError(f"OUTBOX[{name!r}] = {value!r}: expected an integer")
+
+
+def number(name: str, value: Any) -> float:
+    """``value`` of ``OUTBOX[name]`` as a float if it is an int or a float; "60" and True are refused."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    raise SettingTypeError(f"OUTBOX[{name!r}] = {value!r}: expected a number")
+
+
 class OutboxSettings:
     """Typed, live view of ``settings.OUTBOX`` merged over :data:`DEFAULTS`."""
 
     def _get(self, name: str) -> Any:
         user = getattr(django_settings, "OUTBOX", None) or {}
         return user.get(name, DEFAULTS[name])
+
+    def _integer(self, name: str) -> int:
+        return integer(name, self._get(name))
+
+    def _number(self, name: str) -> float:
+        return number(name, self._get(name))
 
     @property
     def user_settings(self) -> dict[str, Any]:
@@ -137,7 +166,7 @@ class OutboxSettings:
 
     @property
     def MAX_ATTEMPTS(self) -> int:
-        return int(self._get("MAX_ATTEMPTS"))
+        return self._integer("MAX_ATTEMPTS")
 
     @property
     def EMAIL_BACKEND(self) -> str | None:
@@ -151,16 +180,22 @@ class OutboxSettings:
 
     @property
     def RETRY_BACKOFF(self) -> tuple[float, float]:
-        base, cap = self._get("RETRY_BACKOFF")
-        return float(base), float(cap)
+        value = self._get("RETRY_BACKOFF")
+        try:
+            base, cap = value
+            return number("RETRY_BACKOFF", base), number("RETRY_BACKOFF", cap)
+        except (TypeError, ValueError):
+            raise SettingTypeError(
+                f"OUTBOX['RETRY_BACKOFF'] = {value!r}: expected a pair of numbers (base, cap)"
+            ) from None
 
     @property
     def HEARTBEAT_INTERVAL(self) -> float:
-        return float(self._get("HEARTBEAT_INTERVAL"))
+        return self._number("HEARTBEAT_INTERVAL")
 
     @property
     def HEARTBEAT_TIMEOUT(self) -> float:
-        return float(self._get("HEARTBEAT_TIMEOUT"))
+        return self._number("HEARTBEAT_TIMEOUT")
 
     @property
     def ABANDONED_POLICY(self) -> str:
@@ -185,15 +220,15 @@ class OutboxSettings:
 
     @property
     def CLAIM_BATCH(self) -> int:
-        return int(self._get("CLAIM_BATCH"))
+        return self._integer("CLAIM_BATCH")
 
     @property
     def BLOCK_TIMEOUT(self) -> float:
-        return float(self._get("BLOCK_TIMEOUT"))
+        return self._number("BLOCK_TIMEOUT")
 
     @property
     def MIRROR_FULL_SCAN_INTERVAL(self) -> float:
-        return float(self._get("MIRROR_FULL_SCAN_INTERVAL"))
+        return self._number("MIRROR_FULL_SCAN_INTERVAL")
 
     @property
     def POSTGRESQL_FUNCTIONS(self) -> bool:
@@ -228,7 +263,7 @@ class OutboxSettings:
 
     @property
     def RECONCILE_BATCH(self) -> int:
-        return int(self._get("RECONCILE_BATCH"))
+        return self._integer("RECONCILE_BATCH")
 
     @property
     def RECONCILE_RETRY_AFTER(self) -> float:

@@ -10,6 +10,7 @@ database names:
 - OUTBOX_TEST_PG_NAME: the database name (default "outbox"; the test database is
   "test_<name>")
 - OUTBOX_TEST_SQLITE_DIR: the folder of the SQLite databases
+- OUTBOX_TEST_SQLITE_OPTIONS: "startproject" for Django's default SQLite OPTIONS (none)
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_PG_BOUNCER: set ("1") when OUTBOX_TEST_PG_PORT is a transaction-pooling
   PgBouncer (tests/pgbouncer.py): DISABLE_SERVER_SIDE_CURSORS, as Django asks
@@ -110,6 +111,9 @@ else:
             "OPTIONS": {"transaction_mode": "IMMEDIATE", "timeout": 30},
         }
     }
+    if os.environ.get("OUTBOX_TEST_SQLITE_OPTIONS") == "startproject":
+        # Django's defaults, as startproject leaves them (tests/test_sqlite_defaults.py).
+        del DATABASES["default"]["OPTIONS"]
 
 CACHES = {
     "default": {
@@ -180,12 +184,15 @@ else:
     if "file_path" in _delivery_options:
         EMAIL_FILE_PATH = _delivery_options["file_path"]
 
-LOGGING = {
+LOGGING: dict[str, Any] = {
     "version": 1,
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
 }
+if os.environ.get("OUTBOX_TEST_SQLITE_OPTIONS") == "startproject":
+    # The runserver of tests/test_sqlite_defaults.py says why a request failed.
+    LOGGING["loggers"]["django.request"] = {"handlers": ["console"], "level": "ERROR"}
 
 # anymail's Mailgun tracking webhook (tests/test_esp_events.py): the requests
 # are signed with this key and carry this basic-auth secret, as Mailgun's would.

@@ -11,10 +11,14 @@ import django
 import pytest
 from django.conf import settings as django_settings
 from django.core import checks
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
 
 from outbox.backends import OutboxBackend
 from outbox.checks.mailers import check_silent_delivery
 from outbox.checks.redis import check_redis_eviction
+from outbox.conf import outbox_settings
 from outbox.mail.targets import HAS_MAILERS
 from outbox.queue import get_connection
 from tests.checking import outbox_checks
@@ -57,9 +61,38 @@ def test_outbox_must_be_a_dict(settings):
 
 
 def test_unknown_key(settings):
-    outbox(settings, MAX_ATTEMPT=3)
+    outbox(settings, COLOUR="blue")
     [warning] = outbox_checks()
-    assert warning.id == "outbox.W001" and "MAX_ATTEMPT" in warning.msg
+    assert warning.id == "outbox.W001" and "COLOUR" in warning.msg
+
+
+@pytest.mark.parametrize(
+    ("key", "meant"),
+    [
+        ("ALLOWED_RECIPIENT", "ALLOWED_RECIPIENTS"),
+        ("allowed_recipients", "ALLOWED_RECIPIENTS"),
+        ("REDIRECT", "REDIRECT_TO"),
+        ("MAX_ATTEMPT", "MAX_ATTEMPTS"),
+    ],
+)
+def test_a_misspelt_key_is_an_error_naming_both(settings, key, meant):
+    outbox(settings, **{key: ["*@example.com"]})
+    [error] = outbox_checks()
+    assert error.id == "outbox.E026"
+    assert error.msg == f"OUTBOX: {key} is not a setting; did you mean {meant}?"
+
+
+@pytest.mark.django_db  # the model checks may ask the database what it supports
+def test_the_worker_refuses_to_start_on_a_misspelt_safety_setting(settings):
+    # A staging site whose valve is misspelt would send to real customers.
+    outbox(settings, ALLOWED_RECIPIENT=["*@example.com"], REDIRECT_TO="qa@example.com")
+    with pytest.raises(SystemCheckError, match=r"outbox\.E026.*did you mean ALLOWED_RECIPIENTS"):
+        call_command("outbox_worker", "--burst", skip_checks=False)
+
+
+def test_a_misspelt_key_and_an_unknown_one_are_each_reported(settings):
+    outbox(settings, ALLOWED_RECIPIENT=[], COLOUR="blue")
+    assert sorted(ids()) == ["outbox.E026", "outbox.W001"]
 
 
 def test_missing_cache_alias(settings):
@@ -94,14 +127,56 @@ def test_bad_abandoned_policy(settings):
         ({"BLOCK_TIMEOUT": 0}, "BLOCK_TIMEOUT"),
         ({"BLOCK_TIMEOUT": 60}, "BLOCK_TIMEOUT"),
         ({"MIRROR_FULL_SCAN_INTERVAL": 0}, "MIRROR_FULL_SCAN_INTERVAL"),
-        ({"MAX_ATTEMPTS": "many"}, "wrong type"),
-        ({"RETRY_BACKOFF": 10}, "wrong type"),
     ],
 )
 def test_numbers(settings, values, fragment):
     outbox(settings, **values)
     [error] = outbox_checks()
     assert error.id == "outbox.E005" and fragment in error.msg
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        ("MAX_ATTEMPTS", "five", "OUTBOX['MAX_ATTEMPTS'] = 'five': expected an integer."),
+        ("MAX_ATTEMPTS", 2.5, "OUTBOX['MAX_ATTEMPTS'] = 2.5: expected an integer."),
+        ("MAX_ATTEMPTS", "5", "OUTBOX['MAX_ATTEMPTS'] = '5': expected an integer."),
+        ("CLAIM_BATCH", True, "OUTBOX['CLAIM_BATCH'] = True: expected an integer."),
+        ("HEARTBEAT_TIMEOUT", "30", "OUTBOX['HEARTBEAT_TIMEOUT'] = '30': expected a number."),
+        ("BLOCK_TIMEOUT", None, "OUTBOX['BLOCK_TIMEOUT'] = None: expected a number."),
+        (
+            "RETRY_BACKOFF",
+            10,
+            "OUTBOX['RETRY_BACKOFF'] = 10: expected a pair of numbers (base, cap).",
+        ),
+        (
+            "RETRY_BACKOFF",
+            ("10", 60),
+            "OUTBOX['RETRY_BACKOFF'] = ('10', 60): expected a pair of numbers (base, cap).",
+        ),
+    ],
+)
+def test_a_number_of_the_wrong_type_names_key_value_and_type(settings, key, value, message):
+    settings.OUTBOX = {**settings.OUTBOX, key: value}  # None too (outbox() would drop it)
+    [error] = outbox_checks()
+    assert (error.id, error.msg) == ("outbox.E005", message)
+
+
+@pytest.mark.parametrize("value", ["5", 2.5, True])
+def test_what_e005_refuses_is_not_read_either(settings, value):
+    # The settings are read live: a value the check refuses is refused where
+    # it is read, not coerced (int(2.5) would silently be 2).
+    outbox(settings, MAX_ATTEMPTS=value)
+    with pytest.raises(ImproperlyConfigured, match="expected an integer"):
+        _ = outbox_settings.MAX_ATTEMPTS
+
+
+def test_two_numbers_of_the_wrong_type_are_both_named(settings):
+    outbox(settings, MAX_ATTEMPTS="five", CLAIM_BATCH=2.5)
+    assert sorted(m.msg for m in outbox_checks()) == [
+        "OUTBOX['CLAIM_BATCH'] = 2.5: expected an integer.",
+        "OUTBOX['MAX_ATTEMPTS'] = 'five': expected an integer.",
+    ]
 
 
 def test_key_prefix(settings):

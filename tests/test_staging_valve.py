@@ -10,6 +10,7 @@ and the metrics saying that the valve is on.
 from __future__ import annotations
 
 import json
+import logging
 from io import StringIO
 
 import pytest
@@ -211,6 +212,23 @@ def test_old_rows_are_redirected_by_the_worker(settings, smtp):
     assert note.outcome == Attempt.Outcome.SENT
     assert note.error == f"staging valve: sent to {QA} instead of Customer <customer@real.test>"
     assert not Attempt.objects.filter(delivery=by["qa@example.com"]).exists()
+
+
+def test_the_worker_log_names_where_a_redirected_copy_went(settings, locmem, caplog):
+    rows = enqueue_email("Old", "Body", None, ["Zed <zed@customer.test>", "qa@example.com"])
+    set_valve(settings, ["*@example.com"], QA)
+    caplog.set_level(logging.DEBUG, logger="outbox.worker")
+    deliver()
+    by = stored(rows)
+    zed, own = by["Zed <zed@customer.test>"].pk, by["qa@example.com"].pk
+    sent = sorted(r.getMessage() for r in caplog.records if r.getMessage().startswith("sent "))
+    assert sent == sorted(
+        [
+            f"sent delivery {zed} to {QA} (redirected from Zed <zed@customer.test>)",
+            f"sent delivery {own} to qa@example.com",  # allowed: its own address, as before
+        ]
+    )
+    assert sorted(m.to[0] for m in locmem) == sorted([QA, "qa@example.com"])
 
 
 def test_a_drop_in_message_is_redirected_copy_by_copy(settings, smtp):

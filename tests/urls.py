@@ -3,6 +3,8 @@
 from django.contrib import admin
 from django.urls import include, path
 
+from tests import views
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     # Django's password reset flow, which tests/test_backend.py sends through the outbox.
@@ -11,4 +13,6 @@ urlpatterns = [
     path("outbox/", include("outbox.urls")),
     # anymail's webhooks: the ESP event hook (tests/test_esp_events.py).
     path("anymail/", include("anymail.urls")),
+    # A plain enqueue view, loaded by a runserver process (tests/test_sqlite_defaults.py).
+    path("enqueue/", views.enqueue),
 ]

@@ -2,7 +2,7 @@
 
 One module per concern, each check registered on its own (``settings``,
 ``redis``, ``database``, ``delivery``, ``mailers``, ``sending``, ``content``,
-``reconcilers``, ``urls``, ``valve``); importing this package registers them all
+``reconcilers``, ``sqlite``, ``urls``, ``valve``); importing this package registers them all
 (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
 English, as Django's own checks are.
@@ -17,6 +17,7 @@ from . import (
     redis,
     sending,
     settings,
+    sqlite,
     urls,
     valve,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "redis",
     "sending",
     "settings",
+    "sqlite",
     "urls",
     "valve",
 ]

@@ -6,6 +6,7 @@ not a dict, only ``outbox.E001`` is reported.
 
 from __future__ import annotations
 
+import difflib
 import math
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -13,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from ..conf import ABANDONED_POLICIES, DEFAULTS, outbox_settings
+from ..conf import ABANDONED_POLICIES, DEFAULTS, SettingTypeError, outbox_settings
 
 
 def outbox_dict() -> dict[str, Any] | None:
@@ -53,7 +54,7 @@ def outbox_check(
 def check_outbox_is_a_dict(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """E001, W001: ``OUTBOX`` is a dict of known keys."""
+    """E001, E026, W001: ``OUTBOX`` is a dict of known keys, none of them misspelt."""
     raw = outbox_dict()
     if raw is None:
         return [
@@ -67,16 +68,34 @@ def check_outbox_is_a_dict(
 
 
 def _check_unknown_keys(raw: dict[str, Any]) -> list[CheckMessage]:
-    unknown = sorted(set(raw) - set(DEFAULTS))
-    if not unknown:
-        return []
-    return [
-        Warning(
-            f"Unknown OUTBOX setting(s): {', '.join(unknown)}.",
-            hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
-            id="outbox.W001",
+    # A key close to a known one is that setting misspelt: the setting is then
+    # silently at its default, which for ALLOWED_RECIPIENTS means real
+    # customers get staging's mail. That is an error (the worker refuses to
+    # start); a key like no known one is only reported.
+    messages: list[CheckMessage] = []
+    far = []
+    for key in sorted(str(k) for k in set(raw) - set(DEFAULTS)):
+        close = difflib.get_close_matches(key.upper(), DEFAULTS, n=1, cutoff=0.8)
+        if close:
+            messages.append(
+                Error(
+                    f"OUTBOX: {key} is not a setting; did you mean {close[0]}?",
+                    hint=f"Rename it to {close[0]}: until then {close[0]} has its default "
+                    f"({DEFAULTS[close[0]]!r}) and {key} is ignored.",
+                    id="outbox.E026",
+                )
+            )
+        else:
+            far.append(key)
+    if far:
+        messages.append(
+            Warning(
+                f"Unknown OUTBOX setting(s): {', '.join(far)}.",
+                hint=f"Known settings: {', '.join(sorted(DEFAULTS))}.",
+                id="outbox.W001",
+            )
         )
-    ]
+    return messages
 
 
 @outbox_check()
@@ -115,18 +134,36 @@ def _check_key_prefix() -> list[CheckMessage]:
     ]
 
 
+# What E005 reads, each through the property the code reads it by.
+_NUMBERS = (
+    "MAX_ATTEMPTS",
+    "RETRY_BACKOFF",
+    "HEARTBEAT_INTERVAL",
+    "HEARTBEAT_TIMEOUT",
+    "CLAIM_BATCH",
+    "BLOCK_TIMEOUT",
+    "MIRROR_FULL_SCAN_INTERVAL",
+)
+
+
 def _check_numbers() -> list[CheckMessage]:
-    errors: list[CheckMessage] = []
-    try:
-        max_attempts = outbox_settings.MAX_ATTEMPTS
-        base, cap = outbox_settings.RETRY_BACKOFF
-        interval = outbox_settings.HEARTBEAT_INTERVAL
-        timeout = outbox_settings.HEARTBEAT_TIMEOUT
-        batch = outbox_settings.CLAIM_BATCH
-        block = outbox_settings.BLOCK_TIMEOUT
-        full_scan = outbox_settings.MIRROR_FULL_SCAN_INTERVAL
-    except (TypeError, ValueError) as exc:
-        return [Error(f"An OUTBOX setting has the wrong type: {exc}", id="outbox.E005")]
+    # The readers of conf.py refuse what they would otherwise coerce (2.5, "5",
+    # True): the check reports their own refusal, so the two cannot disagree.
+    wrong: list[CheckMessage] = []
+    for name in _NUMBERS:
+        try:
+            getattr(outbox_settings, name)
+        except SettingTypeError as exc:
+            wrong.append(Error(f"{exc}.", hint=_NUMBER_HINT, id="outbox.E005"))
+    if wrong:
+        return wrong
+    max_attempts = outbox_settings.MAX_ATTEMPTS
+    base, cap = outbox_settings.RETRY_BACKOFF
+    interval = outbox_settings.HEARTBEAT_INTERVAL
+    timeout = outbox_settings.HEARTBEAT_TIMEOUT
+    batch = outbox_settings.CLAIM_BATCH
+    block = outbox_settings.BLOCK_TIMEOUT
+    full_scan = outbox_settings.MIRROR_FULL_SCAN_INTERVAL
     problems = []
     if max_attempts < 1:
         problems.append("MAX_ATTEMPTS must be at least 1")
@@ -140,9 +177,13 @@ def _check_numbers() -> list[CheckMessage]:
         problems.append("BLOCK_TIMEOUT must be positive and below HEARTBEAT_TIMEOUT")
     if full_scan <= 0:
         problems.append("MIRROR_FULL_SCAN_INTERVAL must be positive")
-    for problem in problems:
-        errors.append(Error(f"OUTBOX: {problem}.", id="outbox.E005"))
-    return errors
+    return [Error(f"OUTBOX: {problem}.", id="outbox.E005") for problem in problems]
+
+
+_NUMBER_HINT = (
+    "Write the number itself, not a string: MAX_ATTEMPTS and CLAIM_BATCH are integers "
+    "(5, not 5.0 or '5'), the times are seconds (30 or 0.5), RETRY_BACKOFF is (base, cap)."
+)
 
 
 def _check_send_timeout(raw: dict[str, Any]) -> list[CheckMessage]:

@@ -34,7 +34,7 @@ from ..suppression import bare_address, suppressed
 
 # Re-exported: the validation step's public names, where callers found them.
 from .prepare import Prepared, prepare
-from .sql import insert_postgresql
+from .sql import insert_postgresql, write_transaction
 
 logger = logging.getLogger("outbox.enqueue")
 
@@ -220,7 +220,7 @@ def prepare_template(
 def write_prepared(prepared: Sequence[Prepared]) -> list[list[Delivery]]:
     """Write validated emails in one transaction (a savepoint in the caller's)."""
     using = router.db_for_write(Delivery)
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         return [write_one(p) for p in prepared]
 
 
@@ -245,7 +245,7 @@ def write_one(p: Prepared) -> list[Delivery]:
     # Each recipient's recipient_key: suppression and idempotency match on it.
     keys = [bare_address(r) for r in p.recipients]
     stopped.update(suppressed(using, keys))
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         if connections[using].vendor == "postgresql":
             # Rows due now are due by the database's clock, which the worker's
             # claim reads, not by this host's (the statement path does the same).

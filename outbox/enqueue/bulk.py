@@ -30,7 +30,7 @@ from ..rendering import TemplateCache
 from ..suppression import bare_address, suppressed
 from .api import prepare_email, prepare_template, queue_entries, write_one
 from .prepare import Prepared
-from .sql import BulkRow, insert_many
+from .sql import BulkRow, insert_many, write_transaction
 
 __all__ = ["CHUNK", "enqueue_many"]
 
@@ -58,7 +58,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]]) -> list[list[Delivery]]:
     cache = TemplateCache(router.db_for_read(EmailTemplate))
     prepared = [_prepare_item(cache, index, item) for index, item in enumerate(items)]
     results: list[list[Delivery]] = []
-    with transaction.atomic(using=using):
+    with write_transaction(using):
         for start in range(0, len(prepared), CHUNK):
             results += _write_chunk(prepared[start : start + CHUNK], using)
     return results

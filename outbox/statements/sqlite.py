@@ -68,6 +68,15 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
 FROM outbox_email e WHERE e.id = %s
 """
 
+# -- enqueueing ---------------------------------------------------------------------------
+
+# The first statement of an enqueue's own transaction: it changes nothing, but
+# as a write it takes SQLite's write lock at once, as BEGIN IMMEDIATE would
+# (Django begins DEFERRED unless OPTIONS["transaction_mode"] says otherwise). A
+# transaction that read first and then asked for the lock while another
+# connection held it would get "database is locked" at once, without waiting.
+TAKE_WRITE_LOCK = "DELETE FROM outbox_email WHERE 0"
+
 # -- enqueue_many -----------------------------------------------------------------------
 
 # One chunk, each statement with one JSON parameter (no limit on the number of

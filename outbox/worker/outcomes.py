@@ -82,6 +82,9 @@ class Settlement:
     refused: list[str] = field(default_factory=list)
     # Where the connection handed it over (None: no server reached, or not known).
     server: Server | None = None
+    # For a success: where the copy really went when the staging valve
+    # redirected it (OUTBOX["REDIRECT_TO"]), for the log line; "" otherwise.
+    sent_to: str = ""
 
     @property
     def delivery(self) -> Delivery:

@@ -80,7 +80,15 @@ def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
             )
             return
         stats.add("sent")
-        logger.debug("sent delivery %s to %s", delivery.pk, delivery.recipient)
+        if s.sent_to:  # the staging valve redirected it: say where it really went
+            logger.debug(
+                "sent delivery %s to %s (redirected from %s)",
+                delivery.pk,
+                s.sent_to,
+                delivery.recipient,
+            )
+        else:
+            logger.debug("sent delivery %s to %s", delivery.pk, delivery.recipient)
         signals.delivery_sent.send_robust(
             sender=Delivery, delivery_id=delivery.pk, worker_id=worker_id, by="worker"
         )

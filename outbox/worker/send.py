@@ -109,7 +109,9 @@ class Sender:
             self.gate.on_send_error(started, exc, connecting=False)
             return failure(started, exc, self.worker.clock.now())
         fault("after_send")
-        return Settlement(started, Outcome.SENT, note)
+        # A redirected copy went to its one envelope address, not the row's recipient.
+        sent_to = ", ".join(message.recipients()) if note else ""
+        return Settlement(started, Outcome.SENT, note, sent_to=sent_to)
 
     def note_server(self, started: Started, server: Server) -> Settlement | None:
         """Write the server on the row before the hand-over; a release if that failed.
