@@ -6,12 +6,18 @@ from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
 from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DEFAULT_DB_ALIAS, DatabaseError, DataError, IntegrityError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, signals
 from django.db.models.base import ModelState
 
 _M = TypeVar("_M", bound=Model)
+
+# What the database says about the values of a write, not about the connection:
+# the same write refused again, however often it is retried (a value too long
+# for its column, a NUL in a text, a constraint or a trigger that refuses it).
+# Django raises these for psycopg's and sqlite3's own classes of the same names.
+REFUSED_FOR_GOOD = (DataError, IntegrityError)
 _CONCRETE: dict[type[Model], frozenset[str]] = {}
 
 
@@ -45,6 +51,33 @@ def binding_cursor(connection: BaseDatabaseWrapper) -> Any:
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+def refused_for_good(exc: BaseException) -> bool:
+    """Whether retrying the write that raised ``exc`` cannot help (see ``REFUSED_FOR_GOOD``).
+
+    Every other ``DatabaseError`` (``OperationalError``, ``InterfaceError``, and
+    ``InternalError`` or ``ProgrammingError``, which a failed-over server, a
+    pooler or a deployment half done also raise) is treated as the connection's,
+    and retried.
+    """
+    return isinstance(exc, REFUSED_FOR_GOOD)
+
+
+def storable(text: str) -> str:
+    """``text`` as any database stores it: NULs and lone surrogates escaped, nothing lost.
+
+    PostgreSQL refuses a NUL in a text value, and psycopg cannot encode a lone
+    surrogate (which an exception's message may hold): either would make the
+    write that records an error fail for good.
+    """
+    if "\x00" in text:
+        text = text.replace("\x00", "\\x00")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = text.encode("utf-8", "backslashreplace").decode("utf-8")
+    return text
 
 
 def loaded_instance(model: type[_M], values: dict[str, Any], using: str = DEFAULT_DB_ALIAS) -> _M:

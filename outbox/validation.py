@@ -52,6 +52,13 @@ ADDRESS_HEADERS = frozenset({"to", "cc"})
 _EMPTY_GROUP_RE = re.compile(r"^\s*[\w .-]+:\s*;\s*$")
 _MIMETYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
 MAX_ADDRESS_LENGTH = 320
+# RFC 5321, 4.5.3.1: the limits of an address on the wire, in octets. The
+# domain counts in its IDNA form (what Django's SMTP backend sends, and what a
+# refusal and the suppression list name), the local part in UTF-8 (SMTPUTF8);
+# the path is the address in angle brackets.
+MAX_LOCAL_PART_OCTETS = 64
+MAX_DOMAIN_OCTETS = 255
+MAX_PATH_OCTETS = 256
 # Django's own words for a line break in a header (5.2 and 6), so that code
 # and tests that look for them find them.
 HEADER_INJECTION = (
@@ -144,6 +151,7 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
     if "<" in value and "<" + address + ">" not in value.replace(" ", ""):
         # getaddresses() is lenient; make sure the bracketed part is what it parsed.
         raise _not_an_address(field, value)
+    check_wire_form(field, value, address)
     if name and not address.isascii():
         # formataddr() takes only an ASCII address: with a display name, an
         # internationalised domain is written in its IDNA form (as sent).
@@ -185,6 +193,7 @@ def check_address_as_django(field: str, value: Any) -> str:
     if len(value) > MAX_ADDRESS_LENGTH:
         raise _too_long(field, value)
     if _DOT_ATOM_ADDRESS.match(value):
+        check_wire_form(field, value, value)
         return value  # the common case, valid under every rule below (and fast)
     if not MODERN_EMAIL_API:
         # Django 5.2's backends run every address through sanitize_address(),
@@ -206,12 +215,52 @@ def check_address_as_django(field: str, value: Any) -> str:
     if defects or len(mailboxes) != 1 or not mailboxes[0].local_part:
         raise _not_an_address(field, value)
     domain = mailboxes[0].domain
-    if domain and not domain.isascii():
-        try:  # Django IDNA-encodes it in the headers and the envelope
-            domain.encode("idna")
-        except UnicodeError:
-            raise _not_an_address(field, value) from None
+    check_wire_form(field, value, mailboxes[0].local_part + (f"@{domain}" if domain else ""))
     return value
+
+
+def check_wire_form(field: str, value: str, address: str) -> None:
+    """Refuse an address longer, as it goes on the wire, than RFC 5321 allows.
+
+    An internationalised domain is sent in its IDNA form, up to about four
+    times longer than as written: ``enqueue_email`` and the drop-in backend
+    would otherwise take a 308-character address that is 848 octets as sent,
+    which no server takes and no suppression entry can hold. A domain IDNA
+    cannot encode is not an address. ``address``: the bare address; a local
+    part alone (``"webmaster"``, which Django allows) has no domain to check.
+    """
+    local, at, domain = address.rpartition("@")
+    if not at:
+        local, domain = address, ""
+    try:  # Django IDNA-encodes the domain in the headers and the envelope
+        wire_domain = domain.encode("ascii" if domain.isascii() else "idna")
+    except UnicodeError:
+        raise _not_an_address(field, value) from None
+    local_octets = len(local.encode("utf-8", "surrogatepass"))
+    path = local_octets + (1 + len(wire_domain) if domain else 0) + 2
+    if (
+        local_octets > MAX_LOCAL_PART_OCTETS
+        or len(wire_domain) > MAX_DOMAIN_OCTETS
+        or path > MAX_PATH_OCTETS
+    ):
+        raise field_error(
+            field,
+            _(
+                "The address %(value)s in %(field)s is too long as it is sent: RFC 5321 "
+                "allows %(local)d octets before the @, %(domain)d after it (the domain in "
+                "its IDNA form) and %(path)d in all; it has %(has_local)d and %(has_domain)d."
+            )
+            % {
+                "value": value if len(value) <= 60 else value[:60] + "...",
+                "field": field,
+                "local": MAX_LOCAL_PART_OCTETS,
+                "domain": MAX_DOMAIN_OCTETS,
+                "path": MAX_PATH_OCTETS - 2,
+                "has_local": local_octets,
+                "has_domain": len(wire_domain),
+            },
+            code="max_length",
+        )
 
 
 # Something with one "@" between non-empty parts: counted to tell "several

@@ -11,7 +11,12 @@ armed, in one of these modes:
             lost: the thread gets the same error;
 ``freeze``  (the step only) the step committed, then the thread froze past
             the heartbeat timeout: the model's ``freeze`` callback runs (the
-            sweeper acts meanwhile), then the thread gets the step's reply.
+            sweeper acts meanwhile), then the thread gets the step's reply;
+``refuse``  (the step and the settle, with an outcome in hand) the database
+            refuses the outcome's write for good (``django.db.DataError``, as
+            for a value too long): that outcome's full write is refused every
+            time it is tried, by the step or alone; the least write that
+            settles the row (``outcomes.settle_refused``) is not.
 
 The sites, and where the loop meets them:
 
@@ -38,7 +43,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import redis
-from django.db import OperationalError
+from django.db import DataError, OperationalError
 
 from outbox.worker import loop as loop_module
 from outbox.worker import sql as sql_module
@@ -49,15 +54,33 @@ MODES = {
     "push": ("before", "lose"),
     "release": ("before", "lose"),
     "heartbeat": ("before", "lose"),
-    "step": ("before", "lose", "freeze", "freeze+beat"),
+    "step": ("before", "lose", "freeze", "freeze+beat", "refuse"),
     "readback": ("before",),
-    "settle": ("before", "lose"),
+    "settle": ("before", "lose", "refuse"),
     "unclaim": ("before", "lose"),
 }
 FAULTS = tuple(f"{site}:{mode}" for site, modes in MODES.items() for mode in modes)
 REDIS_SITES = ("claim", "push", "release", "heartbeat")
 
 FIRED: Counter[str] = Counter()  # per "site:mode", over a whole test run
+# The claim tokens of the attempts whose outcome's full write the database
+# refuses for good, and how often that write was tried.
+REFUSED: Counter[Any] = Counter()
+# A thread may try a refused write in its step, then alone (and once more if a
+# fault cut that short); past this it is retrying it for ever, and takes no mail.
+REFUSED_TRIES = 4
+
+
+def refused_write(token: Any) -> Callable[..., Any]:
+    def write(*args: Any, **kwargs: Any) -> Any:
+        REFUSED[token] += 1
+        assert REFUSED[token] <= REFUSED_TRIES, (
+            f"a write the database refuses for good was tried {REFUSED[token]} times: "
+            "the thread retries it for ever and takes no more mail"
+        )
+        raise DataError("model: the database refused this outcome's write for good")
+
+    return write
 
 
 class Faults:
@@ -115,8 +138,26 @@ def install_on_worker(faults: Faults, queue: Any) -> None:
 
 
 def install_on_loop(faults: Faults, loop: Any) -> None:
-    loop._settle_and_mark = faults.wrap("step", loop._settle_and_mark)
+    step = faults.wrap("step", loop._settle_and_mark)
+
+    def settle_and_mark(*args: Any, **kwargs: Any) -> Any:
+        s = loop.settlement
+        if s is not None and faults.armed.get("step") == "refuse":
+            refuse(faults, "step", s)
+        if s is not None and s.started.token in REFUSED:
+            return faults.call("step", refused_write(s.started.token))
+        return step(*args, **kwargs)
+
+    loop._settle_and_mark = settle_and_mark
     loop.pause = NoWait(loop.worker)
+
+
+def refuse(faults: Faults, site: str, s: Any) -> None:
+    """Fire a ``refuse`` fault: from now on, ``s``'s full write is refused for good."""
+    del faults.armed[site]
+    FIRED[f"{site}:refuse"] += 1
+    REFUSED.setdefault(s.started.token, 0)
+    faults.on_fire(site, "refuse", None)
 
 
 _active: Faults | None = None
@@ -145,15 +186,19 @@ def module_sites() -> Iterator[None]:
             return real_started_from(*args, **kwargs)
         return _active.call("readback", real_started_from, *args, **kwargs)
 
-    def persist(write: Callable[[], int], *args: Any, **kwargs: Any) -> Any:
+    def persist(write: Callable[[], int], s: Any, *args: Any, **kwargs: Any) -> Any:
         faults = _active
+        if faults is not None and faults.armed.get("settle") == "refuse":
+            refuse(faults, "settle", s)
+        if s.started.token in REFUSED:
+            write = refused_write(s.started.token)
         if faults is not None and "settle" in faults.armed:
             # The first write fails (or commits and its reply is lost), then
             # persist() retries it, as it would after its own pause.
-            with contextlib.suppress(OperationalError):
+            with contextlib.suppress(OperationalError, DataError):
                 faults.call("settle", write)
             loop_module.drop_db_connection()
-        return real_persist(write, *args, **kwargs)
+        return real_persist(write, s, *args, **kwargs)
 
     def unclaim(*args: Any, **kwargs: Any) -> Any:
         assert real_unclaim is not None

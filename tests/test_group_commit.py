@@ -15,7 +15,7 @@ from datetime import datetime
 
 import pytest
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DatabaseError
+from django.db import DatabaseError, DataError
 from django.db.backends.signals import connection_created
 
 from outbox import enqueue_email
@@ -33,11 +33,12 @@ def _step(n: int) -> Step:
 class Writes:
     """A write function that records each batch; the first one waits to be released."""
 
-    def __init__(self, fail_batch: int | None = None) -> None:
+    def __init__(self, fail_batch: int | None = None, refuse_step: int | None = None) -> None:
         self.batches: list[list[int]] = []
         self.first_started = threading.Event()
         self.release_first = threading.Event()
         self.fail_batch = fail_batch
+        self.refuse_step = refuse_step  # a step whose row the database refuses for good
 
     def __call__(self, steps: Sequence[Step]) -> list[StepResult]:
         ids = [s.claim_id or 0 for s in steps]
@@ -47,6 +48,8 @@ class Writes:
             assert self.release_first.wait(10)
         if self.fail_batch == len(self.batches):
             raise DatabaseError("the connection went away")
+        if self.refuse_step in ids:
+            raise DataError("value too long for type character varying(320)")
         return [(claim_id, None) for claim_id in ids]
 
 
@@ -104,6 +107,17 @@ def test_a_failed_write_fails_every_step_in_it_and_the_next_batch_goes_on():
     assert results[0] == (0, None) and results[3] == (3, None)
     assert all(isinstance(results[n], DatabaseError) for n in (1, 2))
     assert group._writing is False
+
+
+def test_a_batch_refused_for_good_is_written_again_step_by_step_and_only_one_fails():
+    """One step's row the database cannot store must not fail its neighbours' steps."""
+    writes = Writes(refuse_step=2)
+    group = GroupCommit(writes, limit=16)
+    results = _run_all(group, writes, waiting=3)
+    assert writes.batches == [[0], [1, 2, 3], [1], [2], [3]]
+    assert results[1] == (1, None) and results[3] == (3, None)
+    assert isinstance(results[2], DataError)
+    assert group._writing is False and group._queue == []
 
 
 class OrderCheckingBackend(BaseEmailBackend):

@@ -20,16 +20,25 @@ from typing import Any
 
 import django
 import pytest
+from asgiref.sync import async_to_sync
 from django.core.exceptions import ValidationError
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from outbox import enqueue_email
+from outbox import aenqueue_email, enqueue_email, enqueue_many
+from outbox.backends import OutboxBackend
+from outbox.exceptions import InvalidEmailError
 from outbox.mail.message import build_message
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
+from tests.addresses import (
+    LOCAL_PART_TOO_LONG,
+    LONGEST_LEGAL,
+    ONE_OCTET_TOO_LONG,
+    TOO_LONG_ON_THE_WIRE,
+)
 from tests.cells import only_in_cells
-from tests.servers import empty_outbox
+from tests.servers import empty_outbox, sample_message
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -579,3 +588,53 @@ def test_long_sender_domain_gives_a_message_id_that_fits_the_column():
         assert_nothing_written()
         return
     assert all(len(d.message_id) <= 255 for d in Delivery.objects.all())
+
+
+# -- addresses too long as they are sent (RFC 5321, the domain in its IDNA form) -----------
+
+TOO_LONG_AS_SENT = {
+    "308 characters, an IDN domain of 783 octets as sent": TOO_LONG_ON_THE_WIRE,
+    "one octet past the 256 of a path": ONE_OCTET_TOO_LONG,
+    "a local part of 65 octets": LOCAL_PART_TOO_LONG,
+}
+
+
+def _refused_as_too_long(
+    call: Any, field: str, error: type[ValidationError] = InvalidEmailError
+) -> None:
+    with pytest.raises(error) as caught:
+        call()
+    assert list(caught.value.message_dict) == [field], caught.value.message_dict
+    assert "too long as it is sent" in str(caught.value)
+    assert_nothing_written()
+
+
+@pytest.mark.parametrize("address", TOO_LONG_AS_SENT.values(), ids=TOO_LONG_AS_SENT.keys())
+@pytest.mark.parametrize("field", ["recipient_list", "from_email", "reply_to"])
+def test_an_address_too_long_as_sent_is_refused_by_enqueue_sync_async_and_bulk(field, address):
+    empty_outbox()
+    kwargs = {**GOOD, field: address if field == "from_email" else [address]}
+    _refused_as_too_long(lambda: enqueue_email(**kwargs), field)
+    _refused_as_too_long(lambda: async_to_sync(aenqueue_email)(**kwargs), field)
+    # enqueue_many names the item (its ValidationError wraps the item's).
+    _refused_as_too_long(lambda: enqueue_many([GOOD, kwargs]), f"items[1].{field}", ValidationError)
+
+
+@pytest.mark.parametrize("address", TOO_LONG_AS_SENT.values(), ids=TOO_LONG_AS_SENT.keys())
+@pytest.mark.parametrize("field", ["to", "cc", "bcc", "from_email", "reply_to"])
+def test_an_address_too_long_as_sent_is_refused_by_the_drop_in_backend(field, address):
+    empty_outbox()
+    value = address if field == "from_email" else [address]
+    message = sample_message(**{field: value})
+    _refused_as_too_long(lambda: OutboxBackend().send_messages([message]), field)
+
+
+def test_the_longest_address_rfc_5321_allows_is_accepted_on_every_path():
+    empty_outbox()
+    [row] = enqueue_email(**{**GOOD, "recipient_list": [LONGEST_LEGAL]})
+    [[bulk]] = enqueue_many([{**GOOD, "recipient_list": [f"Name <{LONGEST_LEGAL}>"]}])
+    assert OutboxBackend().send_messages([sample_message(to=[LONGEST_LEGAL])]) == 1
+    assert row.recipient == LONGEST_LEGAL
+    # With a display name the domain is stored as sent (formataddr takes ASCII only).
+    assert bulk.recipient.endswith(f"@{LONGEST_LEGAL.partition('@')[2].encode('idna').decode()}>")
+    assert Delivery.objects.filter(recipient=LONGEST_LEGAL).count() == 2

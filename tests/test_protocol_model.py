@@ -43,7 +43,11 @@ The steps (rules), each through the code path the app itself uses:
     database (the step, reading the claimed row back, the outcome written
     alone, the give-back UPDATE) fails before it ran, or runs and loses its
     reply; or the step commits and the thread freezes past the timeout while
-    the sweeper (and, in ``freeze+beat``, its own heartbeat thread) acts.
+    the sweeper (and, in ``freeze+beat``, its own heartbeat thread) acts;
+    or the database refuses an outcome's write for good (``DataError``, a
+    value too long): every time that write is tried, in the step or alone,
+    so the thread must settle the row with the least write and go on (a
+    thread that tries it more than a few times is retrying it for ever).
     ``work`` also runs the loop's pause check before a mark
     (``_hold_while_paused``) and the gate after it (``_held``).
 ``switch``
@@ -86,6 +90,10 @@ The invariants, after every step:
    thread's copy.
 6. No row is handed to the backend while it is ``abandoned`` (checked at
    the hand-over, against the database).
+7. A ``processing`` row of a live incarnation is one its threads will still
+   settle (in hand, its outcome not yet written, its step to repeat, or kept
+   aside after the database refused to settle it): none is left behind a
+   live heartbeat, where the sweeper never looks.
 
 Draining (teardown): every worker stops gracefully, then full sweeps (with a
 zero timeout, so nothing has to age) and burst workers run until nothing is
@@ -793,6 +801,27 @@ class ProtocolMachine(RuleBasedStateMachine):
                 f"copies in the list): {short}"
             )
 
+    def _check_no_row_left_processing(
+        self, rows: dict[int, dict[str, Any]], view: RedisView
+    ) -> None:
+        """Invariant 7: a processing row of a live incarnation is one its threads will settle.
+
+        A thread that gave up on its outcome (a write the database refuses for
+        good) without settling the row would leave it ``processing`` under a
+        live heartbeat, where the sweeper never looks.
+        """
+        ours = {w.incarnation: w for w in self.workers if w.incarnation in view.live}
+        for pk, row in rows.items():
+            w = ours.get(row["worker_id"])
+            if row["status"] == Status.PROCESSING and w is not None:
+                parked = {
+                    s.delivery.pk for t in w.threads for _, _, s in getattr(t.loop, "parked", [])
+                }
+                assert pk in self._expected(w) | parked, (
+                    f"processing row {pk} of the live {w.incarnation} is held by none of "
+                    "its threads: nobody will settle it while it lives"
+                )
+
     def _expected(self, w: SimWorker) -> set[int]:
         """Ids ``w``'s threads will still act on: claimed, lost, in hand, to acknowledge."""
         ids: set[int] = set()
@@ -871,6 +900,7 @@ class ProtocolMachine(RuleBasedStateMachine):
         self._check_no_resend(rows)
         self._check_processing_rows(rows, view)
         self._check_claims_held(view)
+        self._check_no_row_left_processing(rows, view)
         lost, leaked = self._unreachable(rows, view)
         if leaked:
             self.note("invariant: ids no thread will mark, a pass after the grace")
@@ -1034,3 +1064,47 @@ def test_retried_claim_keeps_the_ids_it_claimed() -> None:
         machine.protocol_holds()
     finally:
         machine.teardown()
+
+
+def test_outcomes_refused_for_good_are_settled_and_the_thread_goes_on() -> None:
+    """The ``refuse`` faults, step by step: each outcome kind, in the step and alone.
+
+    Before the fix the thread retried a refused write for ever: in the step
+    its row stayed ``processing`` first in line, alone ``persist()`` never
+    returned (the fault counts the tries and stops it).
+    """
+    machine = ProtocolMachine()
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(pf.module_sites())  # the settle site: persist() in the loop
+        stack.callback(machine.teardown)
+        machine.setup(policy="review", workers="w1")
+        with transaction.atomic():
+            rows = enqueue_email(
+                "Order", "Thanks", None, ["a@x.com", "b@x.com", "c@x.com", "d@x.com"]
+            )
+        a, b, c, d = (row.pk for row in rows)
+        w = machine.workers[0]
+        t = w.threads[0]
+        assert machine._claim(w, t, 4)
+        machine._mark(t)  # a processing
+        machine._send(t, "permanent")  # a: failed, 550
+        with machine._driving(w, t, ["step:refuse"]):
+            machine._mark(t)  # a's outcome refused in the step: settled alone; b processing
+        machine.protocol_holds()
+        row = Delivery.objects.get(pk=a)
+        assert row.status == Status.FAILED, row.status
+        assert "550" in row.last_error and "refused to record the outcome" in row.last_error
+        machine._send(t, "ok")  # b: accepted
+        with machine._driving(w, t, ["step:refuse"]):
+            machine._mark(t)  # b's success refused in the step: `sent` alone; c processing
+        machine.protocol_holds()
+        assert Delivery.objects.get(pk=b).status == Status.SENT
+        machine._send(t, "ambiguous")  # c: in doubt
+        with machine._driving(w, t, ["settle:refuse"]):
+            t.loop._settle_alone()  # c's outcome refused alone: abandoned all the same
+        machine.protocol_holds()
+        assert Delivery.objects.get(pk=c).status == Status.ABANDONED
+        machine._mark(t)  # the thread goes on: d processing
+        machine._send(t, "ok")
+        machine.protocol_holds()
+    assert Delivery.objects.get(pk=d).status == Status.SENT

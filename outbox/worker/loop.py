@@ -21,6 +21,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connection, transaction
 from redis.exceptions import RedisError
 
+from ..db import refused_for_good
 from ..models import Attempt, Delivery
 from ..queue.entries import Claimed, QueueEntry
 from . import sql
@@ -29,7 +30,15 @@ from .claimed import started_from
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import Settlement, Started, persist, sent_but_not_ours, write_outcome
+from .outcomes import (
+    Settlement,
+    Started,
+    log_unsettled,
+    persist,
+    sent_but_not_ours,
+    settle_refused,
+    write_outcome,
+)
 from .report import announce
 from .send import Sender
 
@@ -54,6 +63,9 @@ class SenderLoop:
         # whose system call hands the GIL to another thread every time.
         self.random = random.Random(os.urandom(32))
         self.settlement: Settlement | None = None  # the outcome in hand, not yet written
+        # Outcomes the database refused for good, and their settling too: each
+        # tried again at its time (time.monotonic()), with its pause (outcomes.py).
+        self.parked: list[tuple[float, float, Settlement]] = []
         self.nonce: str | None = None  # the claim to repeat after a lost reply
         # The incarnation this thread's claims were made under: once the
         # worker carries on as another, they are the sweeper's.
@@ -71,6 +83,8 @@ class SenderLoop:
         try:
             while not self.worker.stop_event.is_set():
                 self._forget_claims_of_a_dead_incarnation()
+                if self.parked and self.parked[0][0] <= time.monotonic():
+                    self._settle_parked()
                 if self.worker.incarnation().lease_left() <= 0:
                     self._wait_for_the_lease()
                     continue
@@ -206,6 +220,8 @@ class SenderLoop:
         try:
             changed, claimed = self._settle_and_mark(item, token, worker_id)
         except DatabaseError as exc:
+            if refused_for_good(exc):
+                return self._refused(item, token, exc)
             # Keep the outcome and the token: if the transaction did commit,
             # the retry finds both rows already written under our tokens.
             self._again_later(item, token, exc)
@@ -234,6 +250,29 @@ class SenderLoop:
         self.pending.appendleft(item)
         self.tokens[item.id] = token
         self.pause.wait("the database", exc)
+
+    def _refused(self, item: Claimed, token: uuid.UUID, exc: DatabaseError) -> Started | None:
+        """The step was refused for good (nothing of it was written): never retry it as it is.
+
+        Which half was refused is not said: the outcome is written alone
+        (settled as ``outcomes.py`` says if it is the one refused), then the
+        claim is tried again alone. A claim refused for good is dropped, with
+        an ERROR: the row stays ``queued``, its id acknowledged (the mirror
+        check pushes it again later), and this thread goes on.
+        """
+        if self.settlement is not None:
+            self._settle_alone()
+            self.tokens[item.id] = token
+            return self._mark(item)
+        logger.error(
+            "delivery %s: the database refused to mark it processing (%s: %s); "
+            "it stays queued, skipped by this thread",
+            item.id,
+            type(exc).__name__,
+            exc,
+        )
+        self.acks.append(item.id)
+        return None
 
     def _held(self, started: Started) -> bool:
         """Whether a switch or a limit holds ``started`` back (given back, or to retry)."""
@@ -310,16 +349,49 @@ class SenderLoop:
                 return write_outcome(s, now, self.worker.push_quietly)
 
         changed = persist(
-            write, s, self.worker.stop_event, drop_db_connection, self.worker.outlasted
+            write,
+            s,
+            self.worker.stop_event,
+            drop_db_connection,
+            self.worker.outlasted,
+            settle=self._settle_refused,
         )
         self.settlement = None
         if changed is not None:
             self._settled(s, changed)
+        elif s.refusal:
+            self._park(s, 1.0)
+
+    def _settle_refused(self, s: Settlement) -> int:
+        return settle_refused(s, self.worker.clock.now())
+
+    def _park(self, s: Settlement, delay: float) -> None:
+        """Keep an outcome that nothing could settle aside, to try again in ``delay`` s.
+
+        Its id stays unacknowledged in the processing list and its row
+        ``processing``; if the worker stops first, the sweeper settles it.
+        """
+        self.parked.append((time.monotonic() + delay, delay, s))
+        self.parked.sort(key=lambda parked: parked[0])
+
+    def _settle_parked(self) -> None:
+        """Try the first parked outcome's settling write again (``outcomes.settle_refused``)."""
+        _due, delay, s = self.parked.pop(0)
+        try:
+            changed = self._settle_refused(s)
+        except DatabaseError as exc:
+            drop_db_connection()
+            if refused_for_good(exc):
+                log_unsettled(s, exc)
+            self._park(s, min(delay * 2, 300.0))
+            return
+        self._settled(s, changed)
 
     def _settled(self, s: Settlement, changed: int) -> None:
         announce(s, changed, self.worker.stats, self.worker.worker_id)
         self.acks.append(s.delivery.pk)
-        self.settlement = None
+        if self.settlement is s:  # not a parked one
+            self.settlement = None
 
     def _give_back(self) -> None:
         """Return claimed-but-unstarted ids to the ready lists (pause, shutdown, quota).

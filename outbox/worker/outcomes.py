@@ -20,10 +20,37 @@ in the same transaction as its Attempt row:
 If the UPDATE changes no row, someone else (the sweeper, an operator) settled
 the row meanwhile; nothing is overwritten. A success is still written as an
 Attempt row then: it is the evidence an operator needs.
+
+The database may refuse an outcome's write for good (``db.refused_for_good``:
+a value too long, a NUL, a constraint or a trigger), and retrying the same
+write would then keep a sender thread on one row for ever. The rule, once:
+only errors of the connection are retried without end (:func:`persist`).
+After a refusal for good the row is settled with the least that can be
+written (:func:`settle_refused`), in this order:
+
+* a success: ``sent`` alone (the SENT statement, without the Attempt row
+  that failed); if even that is refused, ``abandoned`` with why in
+  ``last_error``: the server has the message, so it is never sent again
+  without a person (under "review"; under "requeue" only as any in-doubt row);
+* an attempt in doubt: ``abandoned``, as it would have been;
+* any other outcome (nothing was handed over): ``failed``.
+
+``last_error`` then holds the outcome's error and the database's refusal in
+full, and the worker logs an ERROR naming the delivery. If that write is
+refused too, the thread keeps the outcome aside and tries it again with a
+growing pause while it goes on taking mail (``loop.SenderLoop._park``); the
+row stays ``processing`` and its id in the processing list, so if the worker
+stops first, the sweeper settles it like any row left mid-send.
+
+The suppression list is written best-effort inside the outcome: an address
+it cannot hold (an IDNA form longer than its column) is logged as a WARNING
+and the outcome is written without it (a savepoint keeps the transaction
+usable on PostgreSQL).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 import threading
@@ -37,6 +64,7 @@ from django.db import DatabaseError, transaction
 from django.db.models import F
 
 from ..conf import outbox_settings
+from ..db import refused_for_good, storable
 from ..mail.failures import FailureKind, classify
 from ..mail.handover import Server
 from ..models import Attachment, Attempt, Delivery, Email
@@ -85,6 +113,8 @@ class Settlement:
     # For a success: where the copy really went when the staging valve
     # redirected it (OUTBOX["REDIRECT_TO"]), for the log line; "" otherwise.
     sent_to: str = ""
+    # The database's refusal for good of this outcome's write, once there was one.
+    refusal: str = ""
 
     @property
     def delivery(self) -> Delivery:
@@ -100,7 +130,7 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
 def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     """The outcome of an attempt that raised ``exc``; ``now`` is Redis time."""
     delivery = started.delivery
-    error = f"{type(exc).__name__}: {exc}"[:2000]
+    error = storable(f"{type(exc).__name__}: {exc}"[:2000])
     kind = classify(exc)
     if kind is FailureKind.AMBIGUOUS:
         error = f"in doubt: {error}"[:2000]
@@ -166,12 +196,75 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
     else:
         log_attempt(s, now)
     if s.refused:
-        # In the outcome's transaction; an address already listed stays as it is.
-        add_refused(s.refused, s.error)
+        suppress_refused(s)
     if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
         due = s.retry_at or now
         entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
         transaction.on_commit(lambda: push([entry]))
+    return changed
+
+
+def suppress_refused(s: Settlement) -> None:
+    """Put the refused recipients on the suppression list, best-effort, in the outcome's transaction.
+
+    An address already listed stays as it is. One the list cannot hold is
+    logged and left out: the outcome is written anyway (module docstring).
+    """
+    try:
+        with transaction.atomic():  # a savepoint: a refusal leaves the outer transaction usable
+            add_refused(s.refused, s.error)
+    except DatabaseError as exc:
+        if not refused_for_good(exc):
+            raise  # the connection's: the whole outcome is retried
+        logger.warning(
+            "delivery %s: could not put %s on the suppression list (%s: %s); "
+            "the outcome is recorded without it",
+            s.delivery.pk,
+            ", ".join(a[:80] for a in s.refused),
+            type(exc).__name__,
+            exc,
+        )
+
+
+def settle_refused(s: Settlement, now: datetime) -> int:
+    """Settle ``s``'s row after its outcome's write was refused for good; returns rows changed.
+
+    What is tried, in order, is the module docstring's. Once written,
+    ``s.outcome`` and ``s.error`` say what was. Raises ``DatabaseError``
+    (refused for good again, or the connection's); nothing was written then.
+    """
+    delivery, token = s.delivery, s.started.token
+    why = f"the database refused to record the outcome ({s.outcome}) for good: {s.refusal}"
+    with transaction.atomic():
+        if s.outcome == Outcome.SENT:
+            try:
+                with transaction.atomic():  # a savepoint: its refusal leaves ours usable
+                    changed = mark_sent(delivery.pk, token, now)
+            except DatabaseError as exc:
+                if not refused_for_good(exc):
+                    raise
+                why = f"{why}; then refused to record it as sent: {type(exc).__name__}: {exc}"
+            else:
+                return changed or int(
+                    Delivery.objects.filter(
+                        pk=delivery.pk, status=Status.SENT, claim_token=token
+                    ).exists()
+                )
+            outcome = Outcome.AMBIGUOUS
+            error = (
+                f"accepted by the mail server (Message-ID {delivery.message_id}), but {why}: "
+                "mark it sent"
+            )
+        elif s.outcome == Outcome.AMBIGUOUS:
+            outcome, error = Outcome.AMBIGUOUS, f"{s.error}; {why}"
+        else:
+            outcome, error = Outcome.FAILED, f"{s.error}; {why}" if s.error else why
+        status = Status.ABANDONED if outcome == Outcome.AMBIGUOUS else Status.FAILED
+        error = storable(error)
+        changed = Delivery.objects.filter(
+            pk=delivery.pk, status=Status.PROCESSING, claim_token=token
+        ).update(status=status, last_error=error, updated_at=now)
+    s.outcome, s.error, s.refused = outcome, error, []
     return changed
 
 
@@ -235,6 +328,7 @@ def persist(
     stop: threading.Event,
     drop: Callable[[], None],
     outlasted: Callable[[float, str, BaseException | None], bool] | None = None,
+    settle: Callable[[Settlement], int] | None = None,
 ) -> int | None:
     """Run a settling write, retrying while the database is unreachable.
 
@@ -244,7 +338,10 @@ def persist(
     FINALIZE_PATIENCE seconds, or once the outage ``outlasted`` the worker's
     patience (``--give-up-after``); the row then stays ``processing`` and its
     id stays in the processing list, and the sweeper flags it once this worker
-    is gone. Returns the rows changed, or None when it gave up.
+    is gone. A write refused for good is not retried: ``settle`` (which runs
+    :func:`settle_refused`) writes the least instead, and if that is refused
+    for good too, it gives up at once. Returns the rows changed, or None when
+    it gave up.
     """
     started = time.monotonic()
     deadline = started + FINALIZE_PATIENCE
@@ -254,6 +351,13 @@ def persist(
             return write()
         except DatabaseError as exc:
             drop()
+            if refused_for_good(exc) and settle is not None:
+                if s.refusal:  # the least was refused too
+                    log_unsettled(s, exc)
+                    return None
+                refuse(s, exc)
+                write = functools.partial(settle, s)
+                continue
             gave_up = outlasted is not None and outlasted(started, "the database", exc)
             if gave_up or (stop.is_set() and time.monotonic() >= deadline):
                 logger.error(
@@ -273,3 +377,28 @@ def persist(
             )
             time.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+
+def refuse(s: Settlement, exc: BaseException) -> None:
+    """Note the database's refusal for good of ``s``'s write, and say so (an ERROR)."""
+    s.refusal = storable(f"{type(exc).__name__}: {exc}")
+    logger.error(
+        "delivery %s (Message-ID %s): the database refused to record its outcome (%s) "
+        "for good: %s; settling it with the least that can be written",
+        s.delivery.pk,
+        s.delivery.message_id,
+        s.outcome,
+        s.refusal,
+    )
+
+
+def log_unsettled(s: Settlement, exc: BaseException) -> None:
+    logger.error(
+        "delivery %s (Message-ID %s): the database refused to settle it as well (%s: %s); "
+        "it stays processing, tried again later, or settled by the sweeper once this "
+        "worker stops",
+        s.delivery.pk,
+        s.delivery.message_id,
+        type(exc).__name__,
+        exc,
+    )
