@@ -72,10 +72,13 @@ def transition(
     the clock of its other decisions). Without it (an operator's action) it is
     the database's ``now()`` on PostgreSQL, the clock the worker's due test
     reads, and this host's clock on SQLite, which has no server clock. On
-    PostgreSQL ``updated_at`` is always the database's ``now()``, whoever
-    acts: the sweeper's incremental mirror check compares it with that clock
-    (``sweeper/mirror.py``), so a row requeued by a host whose clock is slow,
-    and whose push failed, is still found by the next pass.
+    PostgreSQL a row that becomes ``queued`` gets ``updated_at`` from the
+    database's ``now()``, whoever acts: the sweeper's incremental mirror
+    check compares it with that clock (``sweeper/mirror.py``), so a row
+    requeued by a host whose clock is slow, and whose push failed, is still
+    found by the next pass. The sweeper's other transitions keep Redis time
+    (an abandoned row's ``updated_at`` is compared with Redis time by
+    ``sweeper/reconcile.py``).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
@@ -117,8 +120,8 @@ def _transition_chunk(
         due_by_database = now is None and db_now is not None
         moment = now or db_now or timezone.now()
         values = _new_values(to, error, updates, moment)
-        if db_now is not None:
-            values["updated_at"] = db_now
+        if db_now is not None and to == Status.QUEUED:
+            values["updated_at"] = db_now  # the mirror window's clock
         keep = keep_schedule and to == Status.QUEUED and "not_before" not in updates
         if keep:
             values["not_before"] = Greatest(F("not_before"), Value(moment, DateTimeField()))

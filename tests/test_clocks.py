@@ -150,23 +150,32 @@ def test_an_operators_requeue_writes_the_databases_now_as_not_before(queue):
 
 
 @postgresql_only
-def test_the_sweepers_transitions_write_updated_at_on_the_databases_clock(queue):
-    # The sweeper passes Redis time for what it decides; updated_at, which its
-    # mirror check compares with the database's clock, is the database's.
+def test_a_row_the_sweeper_requeues_has_updated_at_on_the_databases_clock(queue):
+    # The sweeper passes Redis time for what it decides; a row it makes queued
+    # gets updated_at, which its mirror check compares with the database's
+    # clock, from the database. Its other transitions keep Redis time.
     [row] = enqueue_email("s", "b", None, ["a@example.com"])
     redis_time = timezone.now() - timedelta(minutes=5)  # as if Redis' clock were behind
-    with transaction.atomic():
-        db_now = transaction_now()
-        operations.transition(
-            [row.pk],
-            allowed=[Status.QUEUED],
-            to=Status.CANCELLED,
-            outcome=Attempt.Outcome.CANCELLED,
-            actor="sweeper",
-            now=redis_time,
-        )
-    assert Delivery.objects.get(pk=row.pk).updated_at == db_now
-    assert Attempt.objects.get(delivery_id=row.pk).started_at == redis_time
+
+    def sweeper_moves(allowed: str, to: str) -> datetime:
+        with transaction.atomic():
+            db_now = transaction_now()
+            operations.transition(
+                [row.pk],
+                allowed=[allowed],
+                to=to,
+                outcome="requeued",
+                actor="sweeper",
+                now=redis_time,
+            )
+        return db_now
+
+    sweeper_moves(Status.QUEUED, Status.ABANDONED)
+    assert Delivery.objects.get(pk=row.pk).updated_at == redis_time
+    db_now = sweeper_moves(Status.ABANDONED, Status.QUEUED)
+    after = Delivery.objects.get(pk=row.pk)
+    assert (after.updated_at, after.not_before) == (db_now, redis_time)
+    assert {a.started_at for a in Attempt.objects.filter(delivery_id=row.pk)} == {redis_time}
 
 
 # -- an operator's requeue keeps a later send time ---------------------------------------

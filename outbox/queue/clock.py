@@ -13,8 +13,8 @@ whose own clock is minutes off neither looks dead nor sends late:
   read from the replies of the scripts above through :class:`RedisClock`, so
   they agree with each other whatever the host's clock says;
 - times a web host writes (an enqueue, an operator's action) are the
-  database's ``now()`` on PostgreSQL, and so is ``updated_at`` of every
-  transition the sweeper makes: the sweeper's incremental mirror check
+  database's ``now()`` on PostgreSQL, and so is ``updated_at`` of a row the
+  sweeper makes ``queued``: the sweeper's incremental mirror check
   compares ``updated_at`` with the database's clock (``sweeper/mirror.py``
   says why that clock, and what stands for it on SQLite).
 
