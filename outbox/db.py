@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Literal, TypeVar
 
 from django.apps import apps
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, DatabaseError, DataError, IntegrityError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import Model, signals
@@ -78,6 +80,35 @@ def storable(text: str) -> str:
     except UnicodeEncodeError:
         text = text.encode("utf-8", "backslashreplace").decode("utf-8")
     return text
+
+
+def database_now(using: str) -> datetime | None:
+    """The database server's clock, ``now()``, on PostgreSQL; None on SQLite (it has none).
+
+    Inside a transaction this is the transaction's start, the value every
+    ``now()`` of its statements reads; in autocommit, the statement's. It is
+    what Django stores: naive in ``TIME_ZONE`` without ``USE_TZ`` (the
+    session's zone then), so that it compares with the values the ORM reads.
+    """
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        moment: datetime = cursor.fetchone()[0]
+    if not settings.USE_TZ and moment.tzinfo is not None:
+        moment = moment.astimezone(connection.timezone).replace(tzinfo=None)
+    return moment
+
+
+def database_time(using: str) -> float | None:
+    """:func:`database_now` as epoch seconds; None on SQLite."""
+    connection = connections[using]
+    if connection.vendor != "postgresql":
+        return None
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT extract(epoch FROM now())")
+        return float(cursor.fetchone()[0])
 
 
 def loaded_instance(model: type[_M], values: dict[str, Any], using: str = DEFAULT_DB_ALIAS) -> _M:

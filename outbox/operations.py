@@ -16,11 +16,13 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import connections, router, transaction
-from django.db.models import DateTimeField, Func, Q
+from django.db import router, transaction
+from django.db.models import DateTimeField, F, Q, Value
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from . import signals
+from .db import database_now
 from .exceptions import OutboxError
 from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
 from .queue.entries import QueueEntry
@@ -30,14 +32,6 @@ Status = Delivery.Status
 Outcome = Attempt.Outcome
 
 _CHUNK = 500
-
-
-class TransactionNow(Func):
-    """PostgreSQL's ``now()``: the time its transaction started, as the enqueue statements
-    and the worker's due test read it (Django's ``Now()`` is the statement's time there)."""
-
-    template = "now()"
-    output_field = DateTimeField()
 
 
 @dataclass
@@ -64,15 +58,27 @@ def transition(
     condition: Q | None = None,
     updates: dict[str, Any] | None = None,
     now: datetime | None = None,
+    keep_schedule: bool = False,
 ) -> TransitionResult:
     """Move the rows among ``ids`` whose status is in ``allowed`` to ``to``.
 
     ``condition`` narrows the rows further (e.g. "still held by this dead
     worker"). ``updates`` are extra column values. Rows reaching ``queued``
-    become due now unless ``updates`` says otherwise. ``now`` is the time to
-    write (the sweeper passes Redis time, the one clock; operators' actions
-    use this host's clock, except that on PostgreSQL "due now" is the
-    database's ``now()``, the clock the worker's due test reads).
+    become due now unless ``updates`` says otherwise; with ``keep_schedule``
+    a row whose ``not_before`` is still ahead keeps it (an operator's
+    requeue of a scheduled row), the others become due now.
+
+    The clocks: ``now`` is the time to write (the sweeper passes Redis time,
+    the clock of its other decisions). Without it (an operator's action) it is
+    the database's ``now()`` on PostgreSQL, the clock the worker's due test
+    reads, and this host's clock on SQLite, which has no server clock. On
+    PostgreSQL a row that becomes ``queued`` gets ``updated_at`` from the
+    database's ``now()``, whoever acts: the sweeper's incremental mirror
+    check compares it with that clock (``sweeper/mirror.py``), so a row
+    requeued by a host whose clock is slow, and whose push failed, is still
+    found by the next pass. The sweeper's other transitions keep Redis time
+    (an abandoned row's ``updated_at`` is compared with Redis time by
+    ``sweeper/reconcile.py``).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
@@ -86,8 +92,8 @@ def transition(
             error=error,
             condition=condition,
             updates=updates or {},
-            now=now or timezone.now(),
-            database_due=now is None,
+            now=now,
+            keep_schedule=keep_schedule,
         )
     return result
 
@@ -102,17 +108,23 @@ def _transition_chunk(
     error: str,
     condition: Q | None,
     updates: dict[str, Any],
-    now: datetime,
-    database_due: bool = False,
+    now: datetime | None,
+    keep_schedule: bool,
 ) -> TransitionResult:
     result = TransitionResult()
     using = router.db_for_write(Delivery)
-    values = _new_values(to, error, updates, now)
-    due_now = to == Status.QUEUED and "not_before" not in updates
-    if due_now and database_due and connections[using].vendor == "postgresql":
-        values["not_before"] = TransactionNow()
-
     with transaction.atomic(using=using):
+        db_now = database_now(using)  # the transaction's now(): what its statements read
+        # An operator's "now" on PostgreSQL is the database's: due now by the
+        # clock of the worker's claim, which Redis' follows (pushed as due now).
+        due_by_database = now is None and db_now is not None
+        moment = now or db_now or timezone.now()
+        values = _new_values(to, error, updates, moment)
+        if db_now is not None and to == Status.QUEUED:
+            values["updated_at"] = db_now  # the mirror window's clock
+        keep = keep_schedule and to == Status.QUEUED and "not_before" not in updates
+        if keep:
+            values["not_before"] = Greatest(F("not_before"), Value(moment, DateTimeField()))
         match = Q(pk__in=ids, status__in=list(allowed))
         if condition is not None:
             match &= condition
@@ -122,20 +134,23 @@ def _transition_chunk(
             # frozen worker inside its transaction): skip it, never wait on it.
             .select_for_update(skip_locked=True)
             .filter(match)
-            .values_list("pk", "attempts", "priority", "worker_id")
+            .values_list("pk", "attempts", "priority", "worker_id", "not_before")
         )
         if rows:
             _change_rows(
-                using, match, rows, values, outcome=outcome, actor=actor, error=error, now=now
+                using, match, rows, values, outcome=outcome, actor=actor, error=error, now=moment
             )
         result.changed = [pk for pk, *_ in rows]
         _count_skipped(using, set(ids) - set(result.changed), result.skipped)
         if rows:
-            when = values.get("not_before", now)
-            # Due by the database's now(): due now by Redis' clock too.
-            due = 0.0 if isinstance(when, TransactionNow) else when.timestamp()
-            entries = [QueueEntry(pk, priority, due) for pk, _a, priority, _w in rows]
-            workers = {pk: worker_id for pk, _a, _p, worker_id in rows}
+            entries = []
+            for pk, _a, priority, _w, old_not_before in rows:
+                # The push after the commit carries the row's new not_before,
+                # so it replaces any scheduled entry of the id with that time.
+                when = max(old_not_before, moment) if keep else values.get("not_before", moment)
+                due = 0.0 if due_by_database and when == moment else when.timestamp()
+                entries.append(QueueEntry(pk, priority, due))
+            workers = {pk: worker_id for pk, _a, _p, worker_id, _nb in rows}
             transaction.on_commit(
                 partial(_after_commit, to, entries, workers, actor, error), using=using
             )
@@ -158,7 +173,7 @@ def _new_values(to: str, error: str, updates: dict[str, Any], now: datetime) -> 
 def _change_rows(
     using: str,
     match: Q,
-    rows: list[tuple[int, int, str, str]],
+    rows: list[tuple[int, int, str, str, datetime]],
     values: dict[str, Any],
     *,
     outcome: str,
@@ -185,7 +200,7 @@ def _change_rows(
             error=error,
             actor=actor[:WORKER_ID_MAX_LENGTH],
         )
-        for pk, attempts, _priority, worker_id in rows
+        for pk, attempts, _priority, worker_id, _not_before in rows
     )
 
 
@@ -226,8 +241,13 @@ def _after_commit(
 # -- operator actions (the admin calls these) ---------------------------------
 
 
-def requeue(ids: Iterable[int], actor: str) -> TransitionResult:
-    """Send again: abandoned, failed and cancelled rows, with a fresh attempt budget."""
+def requeue(ids: Iterable[int], actor: str, *, send_now: bool = False) -> TransitionResult:
+    """Send again: abandoned, failed and cancelled rows, with a fresh attempt budget.
+
+    A row whose ``not_before`` (its ``send_at``) is still ahead keeps it: a
+    cancelled newsletter requeued an hour early goes out at its hour. With
+    ``send_now`` every row is due at once.
+    """
     return transition(
         ids,
         allowed=[Status.ABANDONED, Status.FAILED, Status.CANCELLED],
@@ -235,7 +255,13 @@ def requeue(ids: Iterable[int], actor: str) -> TransitionResult:
         outcome=Outcome.REQUEUED,
         actor=actor,
         updates={"attempts": 0, "sent_at": None},
+        keep_schedule=not send_now,
     )
+
+
+def requeue_now(ids: Iterable[int], actor: str) -> TransitionResult:
+    """Send again at once, schedule or not: :func:`requeue` with ``send_now``."""
+    return requeue(ids, actor, send_now=True)
 
 
 def mark_sent(ids: Iterable[int], actor: str) -> TransitionResult:

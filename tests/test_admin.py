@@ -32,7 +32,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = Delivery.Status
 Outcome = Attempt.Outcome
 STATUSES = [s.value for s in Status]
-ACTIONS = ["requeue", "mark_sent", "mark_failed", "cancel"]
+ACTIONS = ["requeue", "requeue_now", "mark_sent", "mark_failed", "cancel"]
 CHANGELIST = "admin:outbox_delivery_changelist"
 WORKER = "mailhost:4242:worker-1"
 
@@ -438,6 +438,12 @@ EXPECTED = {
         Outcome.REQUEUED,
         "Requeued 3 deliveries. Skipped 3: 1 queued, 1 processing, 1 sent.",
     ),
+    "requeue_now": (
+        {"abandoned", "failed", "cancelled"},
+        "queued",
+        Outcome.REQUEUED,
+        "Requeued 3 deliveries to send now. Skipped 3: 1 queued, 1 processing, 1 sent.",
+    ),
     "mark_sent": (
         {"abandoned"},
         "sent",
@@ -560,6 +566,7 @@ def test_processing_rows_are_never_changed(admin_client, action):
     assert not Attempt.objects.exists()
     done = {
         "requeue": "Requeued 0 deliveries.",
+        "requeue_now": "Requeued 0 deliveries to send now.",
         "mark_sent": "Marked 0 deliveries as sent.",
         "mark_failed": "Marked 0 deliveries as failed.",
         "cancel": "Cancelled 0 deliveries.",

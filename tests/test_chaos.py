@@ -5,8 +5,9 @@ policy in a child process with its own database on this cell's PostgreSQL server
 its own redis-server and its own SMTP server, with real worker and sweeper
 processes that are SIGKILLed, SIGSTOPped, killed inside the send window, lose
 their Redis data, have their "mark sent" write refused, are restarted under a
-reused ``--worker-id``, run with a clock 90 s behind (faketime), and meet an
-SMTP server that stalls or cuts the connection after DATA; two of them reach
+reused ``--worker-id``, run with a clock 90 s behind (faketime), enqueue from a
+web host 120 s behind whose pushes fail, send to hostile but legal addresses (long
+IDN domains, mixed case, display names), and meet an SMTP server that stalls or cuts the connection after DATA; two of them reach
 their servers through fault proxies that lose the replies to a claim, a step
 and a push and refuse connections for a few seconds; a worker whose step waits
 on a row lock is SIGSTOPped, and one is SIGTERMed during a send held longer
@@ -46,6 +47,8 @@ SMALL = {
     "redis_wipes": 1,
     "restarts": 1,
     "skews": 1,
+    "slow_web_hosts": 1,
+    "hostile_every": 20,
     "stalls": 1,
     "cuts": 1,
     "lost_claims": 1,
@@ -93,6 +96,10 @@ def test_small_chaos_run(policy, tmp_path):
     assert counts["restart rows not settled by the sweeper"] == 0, table
     assert counts["skewed workers"] == 1 and counts["skew delivered"] > 0, table
     assert counts["skew problems"] == 0, table
+    # A web host 120 s slow whose pushes failed: its rows were tried within seconds
+    # (else the step is a violation), hostile recipients among them and in the plan.
+    assert counts["slow web host enqueues"] == 1 and counts["slow web host rows"] == 5, table
+    assert counts["hostile recipients"] >= 10, table
     assert counts["stall after DATA"] == counts["stalls played"] == 1, table
     assert counts["cut after DATA"] == counts["cuts played"] == 1, table
     assert counts["lost claim reply"] == counts["lost step reply"] == 1, table

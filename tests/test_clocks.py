@@ -3,23 +3,35 @@
 - ``USE_TZ = False``: the worker and the sweeper time rows by Redis (``outbox/queue/clock.py``)
   and must write those times the way Django stores them, naive.
 - A row due now is due by the database's clock on PostgreSQL, not by the clock of the
-  host that enqueued or requeued it.
+  host that enqueued or requeued it; so are its ``created_at`` and ``updated_at``.
+- A web host whose clock is slow and whose push after the commit failed: its rows are
+  found by the sweeper's next plain pass, on PostgreSQL (the database's clock) and on
+  SQLite (the ids), with real processes under libfaketime.
+- An operator's requeue keeps a later send time, unless asked to send now.
 """
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 from datetime import datetime, timedelta
 from datetime import timezone as dt_timezone
+from pathlib import Path
 
 import pytest
 from django.core import mail
 from django.db import connection, transaction
 from django.test import override_settings
+from django.utils import timezone
 
 from outbox import enqueue_email, enqueue_many, operations
-from outbox.models import Delivery
+from outbox.models import Attempt, Delivery, Email
+from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
+from tests.cells import BOTH_DATABASES, only_in_cells
+from tests.servers import SMTPRecorder, free_port, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -104,8 +116,24 @@ def test_enqueue_writes_the_databases_now_as_not_before(settings, functions, que
         )
     assert not_before([*one, *two, *many, *keyed, *attached]) == {db_now}
     assert not_before([*later, *later_many]) == {send_at}  # the caller's own time, as given
+    # Every row's own times are the database's too: the mirror check's clock.
+    rows = [*one, *two, *many, *keyed, *attached, *later, *later_many]
+    assert written_times(rows) == {db_now}
+    assert {d.created_at for d in rows} == {d.updated_at for d in rows} == {db_now}
     due = {d.pk for d in [*one, *two, *many, *keyed, *attached]}
     assert due <= queue.waiting_ids()
+
+
+def written_times(rows) -> set[datetime]:
+    """The rows' created_at and updated_at, and their emails' created_at."""
+    pks = [d.pk for d in rows]
+    times = set()
+    for created, updated in Delivery.objects.filter(pk__in=pks).values_list(
+        "created_at", "updated_at"
+    ):
+        times |= {created, updated}
+    emails = Email.objects.filter(deliveries__pk__in=pks)
+    return times | set(emails.values_list("created_at", flat=True))
 
 
 @postgresql_only
@@ -116,3 +144,204 @@ def test_an_operators_requeue_writes_the_databases_now_as_not_before(queue):
         db_now = transaction_now()
         assert operations.requeue([row.pk], "tester").changed == [row.pk]
     assert not_before([row]) == {db_now}
+    assert Delivery.objects.get(pk=row.pk).updated_at == db_now
+    attempt = Attempt.objects.get(delivery_id=row.pk, outcome=Attempt.Outcome.REQUEUED)
+    assert attempt.started_at == attempt.finished_at == db_now
+
+
+@postgresql_only
+def test_a_row_the_sweeper_requeues_has_updated_at_on_the_databases_clock(queue):
+    # The sweeper passes Redis time for what it decides; a row it makes queued
+    # gets updated_at, which its mirror check compares with the database's
+    # clock, from the database. Its other transitions keep Redis time.
+    [row] = enqueue_email("s", "b", None, ["a@example.com"])
+    redis_time = timezone.now() - timedelta(minutes=5)  # as if Redis' clock were behind
+
+    def sweeper_moves(allowed: str, to: str) -> datetime:
+        with transaction.atomic():
+            db_now = transaction_now()
+            operations.transition(
+                [row.pk],
+                allowed=[allowed],
+                to=to,
+                outcome="requeued",
+                actor="sweeper",
+                now=redis_time,
+            )
+        return db_now
+
+    sweeper_moves(Status.QUEUED, Status.ABANDONED)
+    assert Delivery.objects.get(pk=row.pk).updated_at == redis_time
+    db_now = sweeper_moves(Status.ABANDONED, Status.QUEUED)
+    after = Delivery.objects.get(pk=row.pk)
+    assert (after.updated_at, after.not_before) == (db_now, redis_time)
+    assert {a.started_at for a in Attempt.objects.filter(delivery_id=row.pk)} == {redis_time}
+
+
+# -- an operator's requeue keeps a later send time ---------------------------------------
+
+
+def scheduled_score(queue: RedisQueue, row: Delivery) -> float | None:
+    """When ``scheduled`` has the row's id due (members are "id:priority")."""
+    for member, score in queue.redis.zrange(queue.scheduled_key, 0, -1, withscores=True):
+        if member.decode().partition(":")[0] == str(row.pk):
+            return score
+    return None
+
+
+def test_requeue_keeps_a_later_send_time_and_send_now_does_not(queue):
+    send_at = timezone.now().replace(microsecond=0) + timedelta(hours=1)
+    [row] = enqueue_email("s", "b", None, ["a@example.com"], send_at=send_at)
+    [past] = enqueue_email("s", "b", None, ["b@example.com"], send_at=timezone.now())
+    operations.cancel([row.pk, past.pk], "admin:ops")
+
+    assert operations.requeue([row.pk, past.pk], "admin:ops").changed == [row.pk, past.pk]
+    assert Delivery.objects.get(pk=row.pk).not_before == send_at
+    # The forced push replaced the scheduled entry with the row's own time.
+    assert scheduled_score(queue, row) == send_at.timestamp()
+    # A row whose time has come is due now, as before.
+    assert Delivery.objects.get(pk=past.pk).not_before <= timezone.now()
+    run_worker()
+    assert Delivery.objects.get(pk=row.pk).status == Status.QUEUED  # an hour early: not sent
+    assert Delivery.objects.get(pk=past.pk).status == Status.SENT
+
+    operations.cancel([row.pk], "admin:ops")
+    assert operations.requeue_now([row.pk], "admin:ops").changed == [row.pk]
+    assert Delivery.objects.get(pk=row.pk).not_before <= timezone.now() + timedelta(seconds=5)
+    assert scheduled_score(queue, row) is None  # the hour-ahead entry was replaced
+    run_worker()
+    assert Delivery.objects.get(pk=row.pk).status == Status.SENT
+
+
+# -- a web host with a slow clock whose push failed ---------------------------------------
+
+ROOT = Path(__file__).resolve().parent.parent
+SLOW = -120  # seconds: the web host's clock
+
+
+def slow_web_host(code: str) -> str:
+    """Run ``code`` in a Django process whose clock is 120 s slow and whose Redis is away.
+
+    Its OUTBOX Redis is a closed port, so every push after a commit fails (the
+    documented warning) while the rows commit. Returns what ``code`` prints
+    after "OUT ".
+    """
+    from tests.chaos.faults.skew import skewed_clock_env
+
+    env = subprocess_env(
+        OUTBOX_TEST_REDIS_URL=f"redis://127.0.0.1:{free_port()}/0",
+        OUTBOX_TEST_REDIS_TOPOLOGY="",
+        **skewed_clock_env(SLOW),
+    )
+    # The process's clock is printed first, to check that it is slow.
+    code = "import time; print('CLOCK', time.time())\n" + code
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.chaos.worker_main", "shell", "-c", code],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "Redis is unreachable" in done.stderr, done.stderr  # the push did fail
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    assert float(lines["CLOCK"]) < datetime.now(dt_timezone.utc).timestamp() + SLOW / 2
+    return lines["OUT"]
+
+
+ENQUEUE_EVERY_WAY = """
+import asyncio, json
+from datetime import timedelta
+from django.core.mail import EmailMessage
+from django.utils import timezone
+from outbox import aenqueue_email, enqueue_email, enqueue_many
+from outbox.backends import OutboxBackend
+rows = enqueue_email(
+    "s", "b", None, ["one@example.com"], expires_at=timezone.now() + timedelta(minutes=10)
+)
+rows += enqueue_email("s", "b", None, ["keyed@example.com"], idempotency_key="order-1")
+rows += enqueue_many([{"subject": "s", "message": "b", "recipient_list": ["bulk@example.com"]}])[0]
+rows += asyncio.run(aenqueue_email("s", "b", None, ["async@example.com"]))
+OutboxBackend().send_messages([EmailMessage("s", "b", None, ["dropin@example.com"])])
+print("OUT", json.dumps([d.pk for d in rows]))
+"""
+
+RECIPIENTS = {
+    "one@example.com",
+    "keyed@example.com",
+    "bulk@example.com",
+    "async@example.com",
+    "dropin@example.com",
+}
+
+
+def process(*args: str, **env: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "django", *args],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+@pytest.mark.slow
+@only_in_cells(*BOTH_DATABASES, why="real worker, sweeper and faketime'd web processes")
+def test_a_slow_web_hosts_rows_whose_push_failed_are_sent_within_seconds(queue):
+    """A sweeper every second and a worker: the rows go out in seconds, not at the hourly check.
+
+    Before the database's clock wrote these rows (PostgreSQL) and the ids
+    marked the window (SQLite), ``updated_at`` was the web host's, 120 s
+    behind the marker: the incremental check never saw them.
+    """
+    # The first pass, a full check, here: the sweeper process's passes are all plain.
+    Sweeper().run_pass()
+    full_at = queue.mirror_state()["full_at"]
+    smtp = SMTPRecorder().start()
+    procs = [
+        process("outbox_sweep", "--loop", "1"),
+        process("outbox_worker", OUTBOX_TEST_SMTP_PORT=str(smtp.port)),
+    ]
+    try:
+        ids = json.loads(slow_web_host(ENQUEUE_EVERY_WAY))
+        rows = Delivery.objects.filter(recipient__in=RECIPIENTS)
+        assert rows.count() == len(RECIPIENTS)
+        assert set(ids) <= set(rows.values_list("pk", flat=True))
+
+        wait_until(lambda: rows.filter(status=Status.SENT).count() == len(RECIPIENTS), 15)
+        assert set(rows.values_list("status", flat=True)) == {Status.SENT}  # none expired
+        assert queue.mirror_state()["full_at"] == full_at  # found by plain passes only
+        counts = smtp.by_message_id()
+        assert all(counts[d.message_id] == 1 for d in rows)
+    finally:
+        for proc in procs:
+            proc.terminate()
+        for proc in procs:
+            proc.wait(timeout=30)
+        smtp.stop()
+
+
+REQUEUE = """
+from outbox import operations
+print("OUT", operations.requeue([{pk}], "admin:slow-host").changed)
+"""
+
+
+@pytest.mark.slow
+def test_an_operators_requeue_from_a_slow_host_whose_push_failed_is_found_by_a_plain_pass(queue):
+    [row] = enqueue_email("s", "b", None, ["a@example.com"])
+    operations.cancel([row.pk], "admin:ops")
+    run_worker()  # drops the cancelled row's id from Redis
+    Sweeper().run_pass()  # the first pass: a full check, and the marker
+    assert row.pk not in queue.waiting_ids()
+
+    assert slow_web_host(REQUEUE.format(pk=row.pk)).strip() == f"[{row.pk}]"
+    assert Delivery.objects.get(pk=row.pk).status == Status.QUEUED
+    assert row.pk not in queue.waiting_ids()  # the push failed
+
+    report = Sweeper().run_pass()
+    assert not report.full_mirror_check
+    assert report.remirrored == 1
+    assert row.pk in queue.waiting_ids()

@@ -4,7 +4,7 @@ Each test names the fault and the transition it covers (see outbox/PROTOCOL.md):
 
 - Redis damage short of FLUSHALL: lists lost while the dedup set survives, a set
   entry whose list entry is gone, stale ids of settled rows (mirror repair);
-- an operator requeue of a cancelled scheduled row (cancelled -> queued);
+- a requeue "send now" of a cancelled scheduled row (cancelled -> queued, due now);
 - a worker restarted at once under the same ``--worker-id`` (incarnations);
 - a worker whose clock is minutes behind (one clock);
 - the worker's shutdown and crash paths.
@@ -127,7 +127,13 @@ def test_a_blocked_worker_waits_on_a_wake_token_and_claims_by_script(queue, outb
 
 
 def test_requeue_of_a_cancelled_scheduled_row_is_due_now(queue, outbox_mail):
-    """Transitions: queued (scheduled next week) -> cancelled -> queued (due now)."""
+    """Transitions: queued (scheduled next week) -> cancelled -> queued (due now).
+
+    A transition to queued without ``keep_schedule`` (the sweeper's, and
+    "Requeue and send now") makes the row due now and replaces its old scheduled
+    entry. An operator's plain requeue keeps a later send time instead
+    (tests/test_clocks.py).
+    """
     [row] = enqueue_email(
         "s", "b", None, ["a@example.com"], send_at=timezone.now() + timedelta(days=7)
     )

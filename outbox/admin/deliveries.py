@@ -109,7 +109,7 @@ class DeliveryAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     paginator = EstimatedCountPaginator
-    actions = ("requeue", "mark_sent", "mark_failed", "cancel")
+    actions = ("requeue", "requeue_now", "mark_sent", "mark_failed", "cancel")
     fieldsets = (
         (
             None,
@@ -223,6 +223,23 @@ class DeliveryAdmin(admin.ModelAdmin):
             queryset,
             operations.requeue,
             lambda n: ngettext("Requeued %(count)d delivery.", "Requeued %(count)d deliveries.", n),
+        )
+
+    @admin.action(
+        permissions=["change"],
+        description=_("Requeue and send now (ignore a later send time)"),
+        **_ACTION_LOCATIONS,
+    )
+    def requeue_now(self, request: HttpRequest, queryset: QuerySet[Delivery]) -> None:
+        self._run(
+            request,
+            queryset,
+            operations.requeue_now,
+            lambda n: ngettext(
+                "Requeued %(count)d delivery to send now.",
+                "Requeued %(count)d deliveries to send now.",
+                n,
+            ),
         )
 
     @admin.action(

@@ -24,6 +24,7 @@ from django.db import connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
+from ..db import database_now
 from ..mail import valve
 from ..mail.message_id import copy_message_ids, make_message_id, message_id_domain
 from ..models import Attachment, Delivery, Email, EmailTemplate
@@ -246,10 +247,13 @@ def write_one(p: Prepared) -> list[Delivery]:
     keys = [bare_address(r) for r in p.recipients]
     stopped.update(suppressed(using, keys))
     with write_transaction(using):
-        if connections[using].vendor == "postgresql":
-            # Rows due now are due by the database's clock, which the worker's
-            # claim reads, not by this host's (the statement path does the same).
-            now = _transaction_now(using)
+        db_now = database_now(using)
+        if db_now is not None:
+            # On PostgreSQL every time the row holds is the database's clock
+            # (the statement path does the same): due now by the clock the
+            # worker's claim reads, and ``updated_at`` on the clock of the
+            # sweeper's incremental mirror check, whatever this host's says.
+            now = db_now
             not_before = p.send_at or now
         existing: dict[str, Delivery] = {}
         if p.idempotency_key is not None:
@@ -319,12 +323,6 @@ def _message_ids(p: Prepared, count: int, domain: str, using: str) -> list[str]:
     return copy_message_ids(p.message_id, count, domain, taken=taken)
 
 
-def _transaction_now(using: str) -> datetime:
-    with connections[using].cursor() as cursor:
-        cursor.execute("SELECT now()")
-        return cursor.fetchone()[0]
-
-
 def _write_postgresql(
     p: Prepared,
     using: str,
@@ -341,9 +339,7 @@ def _write_postgresql(
     message_ids = _message_ids(p, len(p.recipients), domain, using)
     email = _email(p, now)
     bare = [bare_address(r) for r in p.recipients]
-    created = insert_postgresql(
-        p, email, message_ids, bare, using=using, now=now, not_before=not_before
-    )
+    created = insert_postgresql(p, email, message_ids, bare, using=using, not_before=not_before)
     # Due now by the database's clock: due now by Redis' too (this host's clock may be ahead).
     entries = queue_entries(created, p.send_at)
     transaction.on_commit(partial(_after_commit, email, created, entries), using=using)

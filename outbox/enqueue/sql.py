@@ -90,23 +90,22 @@ def insert_postgresql(
     bare: Sequence[str],
     *,
     using: str,
-    now: datetime,
     not_before: datetime,
 ) -> list[Delivery]:
     """Insert ``email`` (unsaved) and one delivery per recipient; return the deliveries.
 
     ``message_ids`` and ``bare`` (the lower-cased addresses the suppression
     list is matched on) pair with ``p.recipients``. ``email`` becomes the saved
-    row (its ``pk`` set) and is cached on every delivery returned.
+    row (its ``pk`` set) and is cached on every delivery returned. The rows'
+    times are the database's ``now()``, never this host's (see the statements).
     """
-    params = {
+    params: dict[str, Any] = {
         "subject": p.subject,
         "body": p.body,
         "html": p.html_message,
         "from": p.from_email,
         "reply_to": json.dumps(p.reply_to) if p.reply_to else "[]",
         "headers": json.dumps(p.headers) if p.headers else "{}",
-        "now": now,
         "expires_at": p.expires_at,
         "priority": p.priority,
         "max_attempts": p.max_attempts,
@@ -135,6 +134,7 @@ def insert_postgresql(
             cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
             returned = cursor.fetchall()
     email.pk = returned[0][1]
+    now = email.created_at = returned[0][4]  # the database's now(), which the rows hold
     email._state.adding = False
     email._state.db = using
     ids = {message_id: pk for pk, _email, message_id, _why, _now in returned}
@@ -236,12 +236,14 @@ def insert_many(
     ]
     with binding_cursor(connection) as cursor:
         if connection.vendor == "postgresql":
-            cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows, now))
+            cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows))
             returned = cursor.fetchall()
             email_ids = {message_id: email_id for _pk, email_id, message_id, _now in returned}
-            db_now = returned[0][3]  # now(): what rows due now hold
+            # now(): what every row's times hold, and rows due now their not_before.
+            db_now = now = returned[0][3]
             for email, r in zip(emails, rows, strict=True):
                 email.pk = email_ids[r.message_ids[0]]
+                email.created_at = now
         else:
             ops = connection.ops
             at = ops.adapt_datetimefield_value(now)
@@ -283,7 +285,7 @@ def insert_many(
     return emails, deliveries
 
 
-def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]:
+def _postgresql_params(rows: Sequence[BulkRow]) -> dict[str, Any]:
     ps = [r.prepared for r in rows]
     per_delivery: dict[str, list[Any]] = {
         name: []
@@ -314,7 +316,6 @@ def _postgresql_params(rows: Sequence[BulkRow], now: datetime) -> dict[str, Any]
     return {
         "email_table": Email._meta.db_table,
         "count": len(rows),
-        "now": now,
         "subjects": [p.subject for p in ps],
         "bodies": [p.body for p in ps],
         "htmls": [p.html_message for p in ps],

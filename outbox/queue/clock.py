@@ -11,7 +11,12 @@ whose own clock is minutes off neither looks dead nor sends late:
 - times the worker and the sweeper write on rows (start of an attempt, retry
   time, sent time) and the sweeper's "stuck since" cutoff are Redis time too,
   read from the replies of the scripts above through :class:`RedisClock`, so
-  they agree with each other whatever the host's clock says.
+  they agree with each other whatever the host's clock says;
+- times a web host writes (an enqueue, an operator's action) are the
+  database's ``now()`` on PostgreSQL, and so is ``updated_at`` of a row the
+  sweeper makes ``queued``: the sweeper's incremental mirror check
+  compares ``updated_at`` with the database's clock (``sweeper/mirror.py``
+  says why that clock, and what stands for it on SQLite).
 
 Redis and the database are servers whose clocks an operator keeps in step
 (NTP); hosts that run workers need not be.

@@ -58,15 +58,19 @@ from __future__ import annotations
 # RETURNING is matched back by Message-ID, which is unique, so no row order is
 # assumed. A row due now comes with ``not_before`` NULL and gets ``now()``: the
 # database's clock, the one the worker's due test reads, not the web host's
-# (also in the calls below and ENQUEUE_MANY). Each returns now() too, so the
-# instances returned to the caller hold what the rows hold. A suppressed recipient's row is written cancelled, with the text
+# (also in the calls below and ENQUEUE_MANY). ``created_at`` and ``updated_at``
+# are now() too, always: the sweeper's incremental mirror check compares
+# ``updated_at`` with the database's clock (``outbox/sweeper/mirror.py``), so
+# a web host whose clock is slow cannot date a row before the check's window.
+# Each returns now(), so the instances returned to the caller hold what the
+# rows hold. A suppressed recipient's row is written cancelled, with the text
 # ``outbox/suppression.py`` writes elsewhere.
 ENQUEUE = """
 WITH email AS (
     INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,
         mailer, structure, created_at)
     VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-        %(headers)s::jsonb, %(mailer)s, %(structure)s::jsonb, %(now)s)
+        %(headers)s::jsonb, %(mailer)s, %(structure)s::jsonb, now())
     RETURNING id
 )
 INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status, priority, attempts,
@@ -79,7 +83,7 @@ SELECT email.id, r.recipient, r.bare,
     CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
         || ' is on the suppression list (' || s.source || ')'
         || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
-    %(now)s, %(now)s
+    now(), now()
 FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
     AS r(recipient, message_id, bare)
 LEFT JOIN outbox_suppression s ON s.address = r.bare
@@ -90,7 +94,7 @@ RETURNING id, email_id, message_id, last_error, now()
 # no ``structure`` (a drop-in backend message takes the statement above).
 ENQUEUE_CALL = """
 SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-    %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
+    %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz,
     %(recipients)s::text[], %(message_ids)s::text[],
     %(bare)s::text[], %(mailer)s)
@@ -104,7 +108,7 @@ SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %
 # PostgreSQL about 20 us more per call to plan and run than a plain call.
 ENQUEUE_ONE_CALL = """
 SELECT outbox_enqueue_one(%(subject)s, %(body)s, %(html)s, %(from)s,
-    %(reply_to)s::jsonb, %(headers)s::jsonb, %(now)s, %(priority)s, %(max_attempts)s,
+    %(reply_to)s::jsonb, %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz, %(recipient)s,
     %(message_id)s, %(bare)s,
     %(mailer)s), now()
@@ -122,7 +126,7 @@ WITH ids AS MATERIALIZED (
     INSERT INTO outbox_email (id, subject, body, html_message, from_email, reply_to, headers,
         mailer, created_at)
     SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
-        e.mailer, %(now)s
+        e.mailer, now()
     FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
         %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[])
         WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer, item)
@@ -136,7 +140,7 @@ SELECT email.id, d.recipient, d.recipient_key,
     CASE WHEN d.why = '' THEN %(queued)s ELSE %(cancelled)s END,
     d.priority, 0, d.max_attempts, COALESCE(d.not_before, now()), d.expires_at, '',
     d.message_id, d.why,
-    %(now)s, %(now)s
+    now(), now()
 FROM unnest(%(items)s::bigint[], %(recipients)s::text[], %(keys)s::text[],
     %(message_ids)s::text[], %(why)s::text[], %(priorities)s::text[],
     %(max_attempts)s::integer[], %(not_befores)s::timestamptz[], %(expires)s::timestamptz[])

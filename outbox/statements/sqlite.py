@@ -19,6 +19,9 @@ The same rules as PostgreSQL's, with one difference. SQLite has no server
 clock: its ``now`` would be the clock of whichever host runs the statement, so
 whether a row is due or expired is decided by Redis time, passed in as
 ``%(now)s``, the clock that also promoted the id (see ``outbox/queue/clock.py``).
+The times an enqueue writes are the clock of the process that runs it; the
+sweeper's mirror check does not trust them and looks at new rows by id
+(``outbox/sweeper/mirror.py``).
 Each write is one conditional statement on a row found by primary key that
 repeats the status the row must be in; parameters are named (``%(name)s``).
 """

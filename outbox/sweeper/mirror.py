@@ -17,6 +17,26 @@ ack went through later). A queued row whose id stays in a live list longer
 than ``HELD_GRACE`` is pushed as missing, and a row that leaves a list while
 still queued is looked at by the next pass, however old its last change.
 
+Which rows are "recent" is decided on one clock, the one their writers use:
+
+- PostgreSQL: the database's. Every row that becomes queued outside a
+  worker's list (an enqueue, an operator's or the sweeper's transition)
+  gets ``updated_at = now()`` from the server (``statements/postgresql.py``,
+  ``operations.transition``), and each pass reads ``SELECT now()`` at its
+  start into the marker. The web hosts write these rows and may be unable to
+  reach Redis at that moment (the push that failed is why the check exists),
+  but never the database; a slow web host's clock plays no part. The rows a
+  worker puts back (retries, releases) carry Redis time, but their ids stay
+  in its list until pushed, so the held watch above finds them, whatever
+  their time.
+- SQLite has no server clock: a row's times are the clock of the process
+  that wrote it. So the marker keeps, besides Redis time, the highest
+  Delivery and Attempt ids it saw: a row enqueued since has a higher id,
+  and a row an operator or the sweeper moved since has a newer Attempt row.
+  SQLite has one writer at a time, which holds its lock from the first write
+  to the commit, so the ids become visible in the order they are given: no
+  margin is needed, and no clock.
+
 Why pushing too much is safe: an id in Redis is only a hint. A duplicate or
 stale id is dropped by the claim UPDATE that finds its row not queued.
 """
@@ -25,11 +45,14 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator
+from typing import Any
 
-from django.db.models import Q, QuerySet
+from django.db import router
+from django.db.models import Max, Q, QuerySet
 
 from ..conf import outbox_settings
-from ..models import Delivery
+from ..db import database_time
+from ..models import Attempt, Delivery
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
@@ -38,7 +61,8 @@ logger = logging.getLogger("outbox.sweeper")
 
 BATCH = 1000
 # Rows whose last change is this close to the previous pass are checked again,
-# in case their transaction committed after that pass looked.
+# in case their transaction committed after that pass looked (PostgreSQL:
+# now() is the time a transaction started, not the time it committed).
 MIRROR_MARGIN = 60.0
 
 
@@ -62,7 +86,10 @@ class Mirror:
         """Check the mirror; returns whether the check was full and how many ids it pushed."""
         state = self.queue.mirror_state()
         now = self.queue.time()
-        first = "full_at" not in state
+        # Read before any row is: what commits after this is the next pass's.
+        marks = _marks()
+        # No marker (or one of an older version, without this database's marks).
+        first = "full_at" not in state or not marks.keys() <= state.keys()
         full = (
             force_full
             or first
@@ -74,20 +101,19 @@ class Mirror:
             # Written first: if Redis loses its data during the scan, the marker
             # goes with it and the next pass checks everything again.
             self.queue.redis.hset(
-                self.queue.mirror_key, mapping={"full_at": now, "checked_until": now}
+                self.queue.mirror_key, mapping={"full_at": now, "checked_until": now, **marks}
             )
             if first:
                 logger.info("no mirror marker in Redis (first run, or Redis lost data): full check")
             pushed = self._full_check(overdue)
         else:
-            since = float(state.get("checked_until", now)) - MIRROR_MARGIN
-            recent = Q(updated_at__gte=from_timestamp(since)) | Q(pk__in=overdue | released)
+            recent = _changed_since(state, marks) | Q(pk__in=overdue | released)
             rows = Delivery.objects.queued().filter(recent)
             pushed = 0
             for batch in self._batches(rows):
                 entries = [e for e in batch if e.id not in held or e.id in overdue]
                 pushed += self.queue.push(entries)
-        self.queue.redis.hset(self.queue.mirror_key, "checked_until", now)
+        self.queue.redis.hset(self.queue.mirror_key, mapping={"checked_until": now, **marks})
         if pushed:
             logger.warning("re-mirrored %d queued deliveries Redis did not hold", pushed)
         return full, pushed
@@ -163,3 +189,34 @@ class Mirror:
         for worker_id in self.queue.live_workers():
             held.update(self.queue.processing_ids(worker_id))
         return held
+
+
+def _marks() -> dict[Any, float]:
+    """What this pass records for the next one's window, besides Redis time.
+
+    PostgreSQL: the database's clock (epoch seconds). SQLite: the highest
+    Delivery and Attempt ids (see the module docstring).
+    """
+    db_time = database_time(router.db_for_read(Delivery))
+    if db_time is not None:
+        return {"checked_until_db": db_time}
+    highest = Delivery.objects.aggregate(pk=Max("pk"))["pk"] or 0
+    attempt = Attempt.objects.aggregate(pk=Max("pk"))["pk"] or 0
+    return {"delivery_pk": highest, "attempt_pk": attempt}
+
+
+def _changed_since(state: dict[str, str], marks: dict[Any, float]) -> Q:
+    """Rows written since the previous pass looked, each on its writer's clock."""
+    if "checked_until_db" in marks:
+        since = float(state["checked_until_db"]) - MIRROR_MARGIN
+        return Q(updated_at__gte=from_timestamp(since))
+    # SQLite. Redis time covers what the worker and the sweeper wrote (with
+    # RedisClock); the ids cover every enqueue and every transition, whatever
+    # the clock of the host that made them.
+    since = float(state["checked_until"]) - MIRROR_MARGIN
+    moved = Attempt.objects.filter(pk__gt=int(state["attempt_pk"])).values("delivery_id")
+    return (
+        Q(updated_at__gte=from_timestamp(since))
+        | Q(pk__gt=int(state["delivery_pk"]))
+        | Q(pk__in=moved)
+    )

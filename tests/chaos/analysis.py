@@ -21,6 +21,7 @@ from __future__ import annotations
 import datetime
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass, field
+from email.utils import parseaddr
 from typing import TYPE_CHECKING, Any
 
 from tests.chaos.config import COUNT_KEYS, LIVE, NET_COUNT_KEYS
@@ -134,9 +135,26 @@ def count_receipts(child: Child, ev: Evidence, c: Counter[str]) -> None:
             else:
                 c["unknown receipts"] += 1
                 child.details.append(f"receipt for unknown Message-ID {message_id} to {rcpt}")
-        elif rcpt != row[1]:
+        elif not same_mailbox(rcpt, wire_address(row[1])):
             c["misaddressed"] += 1
             child.details.append(f"row {row[0]}: receipt to {rcpt}, row is for {row[1]}")
+
+
+def wire_address(recipient: str) -> str:
+    """The envelope address a row's recipient becomes: bare, its domain IDNA-encoded.
+
+    Django sends the local part as written and the domain in its IDNA form; a
+    plain ASCII domain keeps its case (the SMTP server receives it so).
+    """
+    local, _, domain = parseaddr(recipient)[1].rpartition("@")
+    return f"{local}@{domain.encode('idna').decode('ascii')}"
+
+
+def same_mailbox(a: str, b: str) -> bool:
+    """The same envelope address: the local part as written, the domain in any case."""
+    a_local, _, a_domain = a.rpartition("@")
+    b_local, _, b_domain = b.rpartition("@")
+    return a_local == b_local and a_domain.lower() == b_domain.lower()
 
 
 def count_rows(child: Child, ev: Evidence, c: Counter[str], problem_rows: ProblemRows) -> None:
@@ -145,6 +163,8 @@ def count_rows(child: Child, ev: Evidence, c: Counter[str], problem_rows: Proble
     for message_id, (pk, recipient, status, _attempts) in rows.items():
         n = copies.get(message_id, 0)
         c[status] += 1
+        if wire_address(recipient) != recipient:
+            c["hostile recipients"] += 1
         if n == 1:
             c["delivered once"] += 1
         elif n >= 2:
@@ -308,6 +328,8 @@ def result_of(child: Child, c: Counter[str]) -> dict[str, Any]:
             "redis wipe": child.counts["redis wipe"],
             "restart under reused id": child.counts["restart under reused id"],
             "skewed workers": child.counts["skewed workers"],
+            "slow web host enqueues": child.counts["slow web host enqueues"],
+            "slow web host rows": child.counts["slow web host rows"],
             "stall after DATA": child.counts["stall after DATA"],
             "cut after DATA": child.counts["cut after DATA"],
             "extra enqueued for faults": child.counts["extra enqueued for faults"],

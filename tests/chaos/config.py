@@ -52,6 +52,7 @@ COUNT_KEYS = (
     "restart rows not settled by the sweeper",
     "skew delivered",
     "skew problems",
+    "hostile recipients",
     "stalls played",
     "cuts played",
     "ambiguous rows",
@@ -104,6 +105,7 @@ class Config:
     redis_wipes: int = 1
     restarts: int = 2  # SIGKILL mid-send, restart at once under the same --worker-id
     skews: int = 1  # a worker whose clock is 90 s behind (faketime)
+    slow_web_hosts: int = 1  # an enqueue 120 s behind, its pushes failing (faketime)
     stalls: int = 2  # the SMTP server never answers DATA's final dot
     cuts: int = 2  # the SMTP server records the message, then cuts the connection
     lost_claims: int = 2  # the reply to a proxied worker's claim script is lost
@@ -117,6 +119,7 @@ class Config:
     rollback_fraction: float = 0.1
     transient_fraction: float = 0.05  # flaky recipients: 451 on their first 1-2 tries
     permanent_fraction: float = 0.01  # recipients refused with 550
+    hostile_every: int = 50  # every n-th recipient: IDN, mixed case or a display name (plan.py)
     smtp_delay: float = 0.01  # mean seconds before the server answers DATA
     batches: int = 0  # enqueue transactions groups; 0: automatic
     heartbeat_timeout: float = 3.0
@@ -139,6 +142,7 @@ class Config:
             "redis": self.redis_wipes,
             "restart": self.restarts,
             "skew": self.skews,
+            "slow-web-host": self.slow_web_hosts,
             "stall": self.stalls,
             "cut": self.cuts,
             "lost-claim": self.lost_claims,

@@ -11,6 +11,12 @@ on a *reserve*: batches of the plan held back for them, so that they find work
 even when the other workers have drained the plan. Whatever is left of the
 reserve is enqueued at the end; only if it runs out are extra deliveries
 enqueued (counted as "extra enqueued for faults").
+
+One recipient in ``Config.hostile_every`` is hostile but legal
+(``hostile_address``): a long internationalised domain within RFC 5321's
+limits once IDNA-encoded, mixed case, or a display name. Picking them by
+serial number draws nothing from the seeded generator, so a seed's plan is
+otherwise the same.
 """
 
 from __future__ import annotations
@@ -32,6 +38,21 @@ class Txn:
     rolled_back_calls: list[list[str]] = field(default_factory=list)  # inside the savepoint
 
 
+# A domain of 151 characters whose IDNA form (what goes on the wire) is 183
+# octets: within the 255 of RFC 5321, and with the local part within its path.
+_LONG_IDN_DOMAIN = ".".join(f"münchenerbücherstubeöffnungszeiten{i}" for i in range(4)) + ".example"
+
+
+def hostile_address(n: int) -> str:
+    """A legal address that a careless system mangles: IDN, mixed case, a display name."""
+    kind = n % 3
+    if kind == 0:
+        return f"idn{n}@{_LONG_IDN_DOMAIN}"
+    if kind == 1:
+        return f"Mixed.Case{n}@Example.COM"
+    return f'"Reader, Chaos {n}" <reader{n}@example.com>'
+
+
 def make_plan(config: Config, rng: random.Random) -> tuple[list[list[Txn]], set[str]]:
     """Batches of transactions holding exactly ``config.deliveries`` committed deliveries."""
     counter = iter(range(1, 10**9))
@@ -47,6 +68,8 @@ def make_plan(config: Config, rng: random.Random) -> tuple[list[list[Txn]], set[
                 if rng.random() < config.permanent_fraction:
                     address = f"bounce{n}@example.net"
                     permanent.add(address)
+                elif config.hostile_every and n % config.hostile_every == 0:
+                    address = hostile_address(n)
                 else:
                     address = f"user{n}@example.com"
                 recipients.append(address)

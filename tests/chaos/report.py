@@ -93,6 +93,12 @@ def fault_rows(c: Counter[str], review: bool) -> list[tuple[str, Any]]:
             f"swept or delivered nothing: {c['skew problems']})",
         ),
         (
+            "web host 120 s behind, its pushes failing (faketime)",
+            f"{c['slow web host enqueues']} ({c['slow web host rows']} rows, each tried "
+            "within 30 s, else a violation)",
+        ),
+        ("hostile recipients (long IDN, mixed case, display name)", c["hostile recipients"]),
+        (
             "SMTP stall after DATA (> SEND_TIMEOUT) / cut after DATA",
             f"{c['stall after DATA']} / {c['cut after DATA']} ("
             + ("abandoned in doubt, never resent" if review else "retried in doubt, then sent")

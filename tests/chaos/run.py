@@ -21,7 +21,8 @@ pid. The child:
    ``stall`` and ``cut``, it leaves a message's final dot unanswered past the
    workers' SEND_TIMEOUT, or records it and cuts the connection;
 2. creates the database (``migrate``) and enqueues N deliveries with
-   ``outbox.enqueue_email`` in many transactions, some of them rolled back on
+   ``outbox.enqueue_email`` (every ``--hostile-every``-th recipient a long IDN
+   domain, mixed case or a display name) in many transactions, some of them rolled back on
    purpose (whole transactions and savepoints): those must never arrive;
 3. runs K ``outbox_worker`` processes (``--concurrency`` values mixed) and
    ``outbox_sweep --loop 1`` (restarted whenever it dies);
@@ -34,7 +35,9 @@ pid. The child:
    (pg_terminate_backend) so that its "mark sent" write is refused, then
    SIGCONT it; SIGKILL a worker mid-send and restart it at once under the
    same ``--worker-id``; start a worker whose clock is 90 s behind
-   (faketime); stall or cut the SMTP answer to a message's final dot; lose
+   (faketime); enqueue from a web host whose clock is 120 s behind and whose
+   Redis is unreachable (faketime; its rows must be tried within seconds);
+   stall or cut the SMTP answer to a message's final dot; lose
    the reply to a proxied worker's claim, step or push and cut that
    connection, refuse its connections to Redis or PostgreSQL for a few
    seconds (network.py: some workers reach their servers through fault
@@ -172,6 +175,12 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
         "--restarts", type=int, default=defaults.restarts, help="restarts under a reused id"
     )
     p.add_argument("--skews", type=int, default=defaults.skews, help="workers 90 s behind")
+    p.add_argument(
+        "--slow-web-hosts",
+        type=int,
+        default=defaults.slow_web_hosts,
+        help="enqueues 120 s behind whose pushes fail",
+    )
     p.add_argument("--stalls", type=int, default=defaults.stalls, help="SMTP stalls after DATA")
     p.add_argument("--cuts", type=int, default=defaults.cuts, help="SMTP cuts after DATA")
     add_network_args(p, defaults)
@@ -179,6 +188,13 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--rollback-fraction", type=float, default=defaults.rollback_fraction)
     p.add_argument("--transient-fraction", type=float, default=defaults.transient_fraction)
     p.add_argument("--permanent-fraction", type=float, default=defaults.permanent_fraction)
+    p.add_argument(
+        "--hostile-every",
+        type=int,
+        default=defaults.hostile_every,
+        metavar="N",
+        help="every N-th recipient is an IDN, mixed-case or display-name address (0: none)",
+    )
     p.add_argument("--smtp-delay", type=float, default=defaults.smtp_delay, metavar="SECONDS")
     p.add_argument("--results-dir", default=str(RESULTS_DIR))
     p.add_argument("--keep-db", action="store_true", help="keep the databases after a pass too")
@@ -222,6 +238,7 @@ def config_from_args(args: argparse.Namespace, policy: str) -> Config:
         redis_wipes=args.redis_wipes,
         restarts=args.restarts,
         skews=args.skews,
+        slow_web_hosts=args.slow_web_hosts,
         stalls=args.stalls,
         cuts=args.cuts,
         lost_claims=args.lost_claims,
@@ -236,6 +253,7 @@ def config_from_args(args: argparse.Namespace, policy: str) -> Config:
         rollback_fraction=args.rollback_fraction,
         transient_fraction=args.transient_fraction,
         permanent_fraction=args.permanent_fraction,
+        hostile_every=args.hostile_every,
         smtp_delay=args.smtp_delay,
         results_dir=args.results_dir,
         keep_db=args.keep_db,

@@ -3,7 +3,9 @@
 # server, redis-server and a throwaway PostgreSQL, all on loopback; workers are
 # SIGKILLed, SIGSTOPped, killed inside the send window, Redis is wiped and the
 # database refuses a "mark sent" write, workers restart under a reused id, one
-# runs with its clock 90 s behind (faketime), the SMTP server stalls or cuts
+# runs with its clock 90 s behind (faketime), a web host 120 s behind enqueues
+# while its pushes fail, some recipients are hostile but legal addresses (long
+# IDN domains, mixed case, display names), the SMTP server stalls or cuts
 # after DATA; some workers reach their servers through fault proxies that lose
 # replies and refuse connections; a worker whose step waits on a row lock is
 # SIGSTOPped, one is SIGTERMed during a long send; then every email is counted.
@@ -24,7 +26,7 @@ trap stop_started EXIT
 PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
 ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
 ensure_redis_server
-ensure_faketime  # the skewed-clock worker (tests/chaos/faults/skew.py)
+ensure_faketime  # the skewed-clock worker and web host (tests/chaos/faults/skew.py, slow_web_host.py)
 
 db=postgres
 prev=""

@@ -20,6 +20,7 @@ from tests.chaos.faults.restart import restart_same_id
 from tests.chaos.faults.row_lock import stop_on_row_lock
 from tests.chaos.faults.send_window import window_kill
 from tests.chaos.faults.skew import skewed_worker
+from tests.chaos.faults.slow_web_host import slow_web_host
 from tests.chaos.faults.stall import stall_after_data
 from tests.chaos.faults.stop import stop_past_timeout
 
@@ -35,6 +36,7 @@ FAULTS: dict[str, Callable[[Child], None]] = {
     "redis": redis_wipe,
     "restart": restart_same_id,
     "skew": skewed_worker,
+    "slow-web-host": slow_web_host,
     "stall": stall_after_data,
     "cut": cut_after_data,
     "lost-claim": lost_claim_reply,

@@ -33,14 +33,23 @@ def libfaketime() -> str:
     return found[0]
 
 
-def skewed_worker(child: Child) -> None:
-    offset = child.config.skew_seconds
-    env = {
+def skewed_clock_env(offset: float) -> dict[str, str]:
+    """Environment for a ``tests.chaos.worker_main`` process whose wall clock is ``offset`` s off.
+
+    libfaketime is preloaded; worker_main.py says why the monotonic clock
+    stays real and how Python is kept working under it.
+    """
+    return {
         "LD_PRELOAD": libfaketime(),
         "FAKETIME": f"{offset:+.0f}s",
         "DONT_FAKE_MONOTONIC": "1",
         "OUTBOX_CHAOS_SLEEP_FIX": "1",
     }
+
+
+def skewed_worker(child: Child) -> None:
+    offset = child.config.skew_seconds
+    env = skewed_clock_env(offset)
     proc = child.start_worker(2, role="skew", env=env)
     child.skewed.append(proc)
     child.counts["skewed workers"] += 1
