@@ -22,12 +22,12 @@ The sites, and where the loop meets them:
 
 ``claim``      ``worker.queue.claim`` (``claim.lua``)
 ``push``       ``worker.queue.push`` (``Worker.push_quietly``: retries, set-backs)
-``release``    ``worker.queue.release`` (``SenderLoop._give_back``)
+``give_back``  ``worker.queue.give_back`` (``SenderLoop._give_back``)
 ``heartbeat``  ``worker.queue.heartbeat`` (``Worker.beat``)
 ``step``       ``SenderLoop._settle_and_mark`` (the step's one commit)
 ``readback``   ``claimed.started_from`` (reading the claimed row back)
 ``settle``     the write ``persist()`` retries in ``SenderLoop._settle_alone``
-``unclaim``    ``sql.unclaim`` (the gate's give-back, ``_unclaim_pending``)
+``unclaim``    ``sql.unclaim`` (the gate's hold, ``_unclaim_pending``)
 
 The queue and loop sites are patched on the objects the model created; the
 module-level ones (``readback``, ``settle``, ``unclaim``) fire only while
@@ -52,7 +52,7 @@ from outbox.worker.backoff import Backoff
 MODES = {
     "claim": ("before", "lose"),
     "push": ("before", "lose"),
-    "release": ("before", "lose"),
+    "give_back": ("before", "lose"),
     "heartbeat": ("before", "lose"),
     "step": ("before", "lose", "freeze", "freeze+beat", "refuse"),
     "readback": ("before",),
@@ -60,7 +60,7 @@ MODES = {
     "unclaim": ("before", "lose"),
 }
 FAULTS = tuple(f"{site}:{mode}" for site, modes in MODES.items() for mode in modes)
-REDIS_SITES = ("claim", "push", "release", "heartbeat")
+REDIS_SITES = ("claim", "push", "give_back", "heartbeat")
 
 FIRED: Counter[str] = Counter()  # per "site:mode", over a whole test run
 # The claim tokens of the attempts whose outcome's full write the database

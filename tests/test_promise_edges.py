@@ -395,7 +395,7 @@ def test_deregistering_never_deletes_ids_it_could_not_give_back(queue, outbox_ma
     enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     queue.register("w#1")
     assert len(queue.claim("w#1", 2).items) == 2
-    queue.release("w#1", [], deregister=True)  # as at exit, with ids still held
+    queue.give_back("w#1", [], deregister=True)  # as at exit, with ids still held
     assert queue.processing_ids("w#1") and queue.dead_workers() == ["w#1"]
     report = Sweeper().run_pass()
     assert report.returned == 2 and queue.dead_workers() == []

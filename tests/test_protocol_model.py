@@ -39,7 +39,7 @@ The steps (rules), each through the code path the app itself uses:
     new one. *shutdown*: the ``finally`` of ``SenderLoop.run()`` (outcome,
     give back) and ``Worker._deregister()``.
 ``work`` and ``lifecycle`` arm 0-3 faults (``tests/protocol_faults.py``):
-    a call of the loop to Redis (claim, push, release, heartbeat) or to the
+    a call of the loop to Redis (claim, push, give_back, heartbeat) or to the
     database (the step, reading the claimed row back, the outcome written
     alone, the give-back UPDATE) fails before it ran, or runs and loses its
     reply; or the step commits and the thread freezes past the timeout while

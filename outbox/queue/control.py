@@ -19,7 +19,7 @@ and :func:`resume` lets the workers claim again within ``BLOCK_TIMEOUT``.
 A paused *domain* is checked after the claim UPDATE, where the recipient is
 known: its rows go back exactly like a rate-limit refusal (not an attempt),
 ``PAUSED_DOMAIN_RECHECK`` seconds ahead, so a resume takes effect within that
-interval. Each look costs the row two UPDATEs (the claim and the give-back),
+interval. Each look costs the row two UPDATEs (the claim and the hold),
 so a backlog of N rows to a paused domain costs about
 ``2 * N / PAUSED_DOMAIN_RECHECK`` writes per second: raise the interval for
 long pauses of a big domain. A domain whose server answered 421 or 450 is

@@ -35,7 +35,7 @@ a reservation nobody claims is dropped an hour after it).
 **Where it is checked, and why there.** Redis holds only ids, so the recipient
 is known only once the worker's claim UPDATE has returned the row. The check
 therefore runs right after that UPDATE (``worker/gate.py``). A refused row is
-given back with ONE conditional UPDATE (``status='queued'``, ``attempts``
+held: ONE conditional UPDATE (``status='queued'``, ``attempts``
 restored, ``not_before`` = its slot, ``WHERE status='processing' AND
 claim_token=<ours>``) and its id goes to ``scheduled`` for that moment. It is
 not an attempt and not a failure: no Attempt row, ``attempts`` unchanged, and
@@ -45,8 +45,8 @@ read per id; checking after costs one script call per limited message and
 one extra UPDATE per refusal. With no limits configured none of this runs:
 the hot path has no extra round trip.
 
-**The window while a row is given back.** Between the claim UPDATE and the
-give-back UPDATE the row is ``processing`` although nothing will be sent. If
+**The window while a row is held.** Between the claim UPDATE and the
+hold's UPDATE the row is ``processing`` although nothing will be sent. If
 the worker dies in that moment, the sweeper treats the row like any
 processing row of a dead worker (``abandoned`` under ``"review"``, requeued
 under ``"requeue"``). That is safe: nothing was handed to a mail server, so

@@ -40,7 +40,7 @@ The rules every script keeps:
 - An id leaves the ready lists only inside a script that also takes it out of
   the dedup set (``claim.lua``), so the set never claims an id that waits
   nowhere. Blocking waits happen on ``wake``, never on a ready list.
-- An id that comes out of a processing list (released, reaped, retried) is
+- An id that comes out of a processing list (given back, reaped, retried) is
   pushed *forced*: the set is not consulted, because it says nothing about it.
 - A push always replaces a scheduled entry of the id with the row's due time.
   An id new to the set is placed at once (see ``push`` in ``lua/_common.lua``).
@@ -238,7 +238,7 @@ class RedisQueue:
         # BLPOP takes a fractional timeout (Redis >= 6); redis-py types it as int.
         return self.redis.execute_command("BLPOP", self.wake_key, timeout) is not None
 
-    def release(
+    def give_back(
         self,
         worker_id: str,
         entries: Sequence[QueueEntry],
@@ -251,7 +251,7 @@ class RedisQueue:
         incarnation is then declared dead so that the sweeper settles them.
         """
         return int(
-            self._script("release")(
+            self._script("give_back")(
                 keys=self._keys(worker_id),
                 args=[worker_id, 1 if deregister else 0, len(acks), *acks, *entry_args(entries)],
             )

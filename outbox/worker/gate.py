@@ -9,7 +9,7 @@ Two checks, each a small hook in the sender loop (``loop.py``):
 - **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
   (and its email's mailer) is now known. A paused domain, a domain slowed down
   after a 421/450, or a rate limit with no free slot (its domain's, its
-  mailer's or ``"*"``, taken together; ``outbox/queue/ratelimit.py``) gives the row back:
+  mailer's or ``"*"``, taken together; ``outbox/queue/ratelimit.py``) holds the row:
   ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
   puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
   the moment it may go, and the id goes to ``scheduled`` for that moment
@@ -19,8 +19,8 @@ Two checks, each a small hook in the sender loop (``loop.py``):
 
 With no limits configured and no switch set, :meth:`Gate.holds` does no
 Redis round trip and no query (the ratelimit module docstring says why the
-check sits here, and why the moment the row is ``processing`` while given
-back is safe).
+check sits here, and why the moment the row is ``processing`` while held
+is safe).
 """
 
 from __future__ import annotations

@@ -275,17 +275,17 @@ class SenderLoop:
         return None
 
     def _held(self, started: Started) -> bool:
-        """Whether a switch or a limit holds ``started`` back (given back, or to retry)."""
+        """Whether a switch or a limit holds ``started`` (set back to ``queued`` for later)."""
         try:
             held = self.gate.holds(started)
         except DatabaseError as exc:
-            # The give-back UPDATE failed: the row is still ours, and the
+            # The hold's UPDATE failed: the row is still ours, and the
             # retry (same token) asks the gate again.
             item = Claimed(started.delivery.pk, started.delivery.priority)
             self._again_later(item, started.token, exc)
             return True
         if held:
-            # Given back until its domain or limit allows it: not an attempt.
+            # Held until its domain or limit allows it: not an attempt.
             self.acks.append(started.delivery.pk)
         return held
 
@@ -406,7 +406,7 @@ class SenderLoop:
         now = self.worker.clock.time()
         entries = [QueueEntry(c.id, c.priority, now) for c in self.pending if c not in kept]
         try:
-            self.worker.queue.release(self.worker.worker_id, entries, acks=self.acks)
+            self.worker.queue.give_back(self.worker.worker_id, entries, acks=self.acks)
         except RedisError as exc:
             # It may have been applied (a lost reply): never repeat it, or its
             # acks could remove another thread's copy of a duplicate id. An id
@@ -438,7 +438,7 @@ class SenderLoop:
                     set_back.append(item)
             except DatabaseError as exc:
                 drop_db_connection()
-                logger.warning("delivery %s: cannot give its claim back yet (%s)", item.id, exc)
+                logger.warning("delivery %s: cannot set its claim back yet (%s)", item.id, exc)
                 kept.append(item)
                 continue
             del self.tokens[item.id]

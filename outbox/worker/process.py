@@ -368,7 +368,7 @@ class Worker:
 
     def _deregister(self) -> None:
         try:
-            self.queue.release(self.worker_id, [], deregister=True)
+            self.queue.give_back(self.worker_id, [], deregister=True)
         except RedisError as exc:
             # The sweeper will find the stale heartbeat and clean up after us.
             logger.warning("could not deregister from Redis: %s", exc)

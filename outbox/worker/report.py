@@ -25,7 +25,7 @@ class Stats:
     failed: int = 0
     in_doubt: int = 0
     skipped: int = 0
-    held: int = 0  # given back to wait for a rate limit or a paused or slowed domain
+    held: int = 0  # held to wait for a rate limit or a paused or slowed domain
     delivered_total: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
