@@ -8,8 +8,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core import mail
@@ -33,7 +32,7 @@ def run_worker() -> None:
 @override_settings(USE_TZ=False)
 def test_without_time_zone_support_mail_is_enqueued_swept_and_sent():
     # The API still takes aware times; the rows hold them naive, as Django does.
-    now = datetime.now(dt_timezone.utc)
+    now = datetime.now(UTC)
     rows = [
         *enqueue_email("Hi", "Body", None, ["a@example.com", "b@example.com"]),
         *enqueue_email(
@@ -79,7 +78,7 @@ def not_before(rows) -> set[datetime]:
 @pytest.mark.parametrize("functions", [True, False])
 def test_enqueue_writes_the_databases_now_as_not_before(settings, functions, queue):
     settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
-    send_at = datetime.now(dt_timezone.utc) + timedelta(hours=1)
+    send_at = datetime.now(UTC) + timedelta(hours=1)
     with transaction.atomic():
         # now() is the transaction's start: before any time this host reads inside it.
         db_now = transaction_now()
