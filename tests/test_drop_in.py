@@ -123,7 +123,7 @@ def test_latin_1_message_keeps_its_encoding(outbox, outbox_mail):
     assert comparable(delivered.as_bytes()) == comparable(django_bytes(message))
 
 
-# The test's own attach() of a MIMEBase is what Django 6.1 deprecates.
+# The test's own attach() of a MIMEBase is what Django 6.0 deprecates.
 @pytest.mark.filterwarnings("ignore:MIMEBase attachments are deprecated")
 @pytest.mark.parametrize("shape", ["html only", "bcc only", "mimebase", "cc only"])
 def test_mime_structure_is_djangos(outbox, outbox_mail, shape):
