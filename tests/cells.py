@@ -5,9 +5,10 @@ worker, proxy, Postfix or browser processes or on Hypothesis examples, and
 gains little from running in all five cells. Most run in two of the four cells
 of Django 5.2 and 6.1, chosen so that they still meet both of those Django
 versions or both databases; the pairs are spread so that the cells, run two at
-a time, end together. The 6.0:sqlite cell (Python 3.13) runs the fast modules
-only, and the wheel's adoption test. Outside tests/run.sh (no cell named), or
-with ``OUTBOX_TEST_ALL_CELLS=1``, they always run.
+a time, end together. The 6.0:sqlite cell (Python 3.13) runs only the tests
+not marked ``slow`` (tests/run.sh passes ``-m "not slow"``). Outside
+tests/run.sh (no cell named), or with ``OUTBOX_TEST_ALL_CELLS=1``, they always
+run.
 """
 
 from __future__ import annotations
