@@ -55,7 +55,11 @@ declare -A PYTHON_NOTE
 ensure_dev_venv
 for django in 6.0 6.1; do
   if [[ " $MATRIX " == *" $django:"* ]]; then
-    python="$(pick_python "${MIN_PYTHON[$django]}" "${WANT_PYTHON[$django]}")"
+    python="$(pick_python "${MIN_PYTHON[$django]}" "${WANT_PYTHON[$django]}")" || {
+      echo "Django $django needs Python ${MIN_PYTHON[$django]} or later. To run the" \
+        "Django 5.2 cells alone: OUTBOX_TEST_MATRIX=\"5.2:postgres 5.2:sqlite\" tests/run.sh" >&2
+      exit 1
+    }
     ensure_venv "${VENV[$django]}" "$python" test "${DJANGO_SPEC[$django]}"
   fi
 done
