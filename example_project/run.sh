@@ -5,15 +5,19 @@
 #
 #   example_project/run.sh
 #
-# Makes .venv if needed, starts a private redis-server on 127.0.0.1 and a free
-# port (installed with apt-get when missing), and stops it by pid at exit.
+# Makes .venv if needed (Django 5.2 on Python 3.11, or on the newest Python from
+# 3.11 on that the machine has, installed with apt-get if it has none), says which
+# Python it uses, starts a private redis-server on 127.0.0.1 and a free port
+# (installed with apt-get when missing), and stops it by pid at exit.
 set -euo pipefail
 source "$(dirname "$0")/../tests/lib.sh"
 cd "$ROOT"
 trap stop_started EXIT
 
-PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
-ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
+# Any Python from 3.11 on: 3.11 where the machine has it, else the newest it has,
+# else one installed with apt-get (tests/lib.sh, ensure_dev_venv).
+ensure_dev_venv
+log "Python $(python_version .venv/bin/python), Django $(.venv/bin/python -m django --version) (.venv)"
 start_redis
 export REDIS_URL="redis://127.0.0.1:$REDIS_PORT/0"
 work="$(mktemp -d)"

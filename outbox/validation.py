@@ -112,6 +112,18 @@ def _decoded(value: str) -> str:
 _BARE_ADDRESS = re.compile(r"[A-Za-z0-9._+-]+@[A-Za-z0-9.-]+\Z")
 
 
+def _lenient_parse(value: str) -> list[tuple[str, str]]:
+    """``getaddresses`` as Python 3.11.9 and older parse: to tell "several" from "none".
+
+    Python 3.13 (and 3.12.6, 3.11.10) parse strictly by default: "a@x.com; b@y.com"
+    gives ``[("", "")]``, not its two addresses, and would be called "not an address".
+    """
+    try:
+        return getaddresses([value], strict=False)  # type: ignore[call-arg,unused-ignore]
+    except TypeError:  # a Python without the strict parser: getaddresses is lenient
+        return getaddresses([value])
+
+
 def normalize_address(field: str, value: Any) -> tuple[str, str]:
     """Return ``(formatted, bare address)`` for one address, or raise.
 
@@ -134,7 +146,7 @@ def normalize_address(field: str, value: Any) -> tuple[str, str]:
         name, address = "", value
     else:
         parsed = getaddresses([value])
-        if sum(1 for _name, found in parsed if _LOOKS_LIKE_ADDRESS.match(found)) > 1:
+        if sum(1 for _name, found in _lenient_parse(value) if _LOOKS_LIKE_ADDRESS.match(found)) > 1:
             raise field_error(
                 field,
                 _("%(field)s takes one address per string, and %(value)r holds several.")

@@ -2,9 +2,11 @@
 
 Every cell runs the whole suite except these: each spends tens of seconds on
 worker, proxy, Postfix or browser processes or on Hypothesis examples, and
-gains little from running in all four cells. Most run in two cells chosen so
-that they still meet both Django versions or both databases; the pairs are
-spread so that the cells, run two at a time, end together. Outside
+gains little from running in all five cells. Most run in two of the four cells
+of Django 5.2 and 6.1, chosen so that they still meet both of those Django
+versions or both databases; the pairs are spread so that the cells, run two at
+a time, end together. The 6.0:sqlite cell (Python 3.13) runs only the tests
+not marked ``slow`` (tests/run.sh passes ``-m "not slow"``). Outside
 tests/run.sh (no cell named), or with ``OUTBOX_TEST_ALL_CELLS=1``, they always
 run.
 """

@@ -1,5 +1,5 @@
 # Shell helpers shared by tests/run.sh (the test command), example_project/run.sh,
-# tests/chaos/run.sh and tests/benchmark/run.sh: find Python, make virtual
+# tests/chaos/run.sh and tests/benchmark/run.sh: find or install a Python, make virtual
 # environments quietly, install redis-server, PostgreSQL, Chromium, faketime, Postfix
 # and PgBouncer with apt-get when missing, start servers on 127.0.0.1 and free ports,
 # and stop what was started, by pid (never by name).
@@ -19,17 +19,67 @@ as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; else sudo "$@"; fi
 }
 
-# find_python 3.12 -> path of a python3.12 interpreter
+# find_python 3.12 -> path of a python3.12 interpreter that can make virtual
+# environments (Debian splits venv/ensurepip off into python3.12-venv).
 find_python() {
   local v="$1" candidate
   for candidate in "python$v" "$(pyenv root 2>/dev/null)/versions/$v"*/bin/"python$v" \
-                   /root/.pyenv/versions/"$v"*/bin/"python$v" /usr/bin/"python$v"; do
-    if [ -n "$candidate" ] && "$candidate" -c 'import sys' >/dev/null 2>&1; then
+                   /root/.pyenv/versions/"$v"*/bin/"python$v" /usr/bin/"python$v" \
+                   /usr/local/bin/"python$v"; do
+    if [ -n "$candidate" ] && "$candidate" -c 'import ensurepip, venv' >/dev/null 2>&1; then
       command -v "$candidate"
       return 0
     fi
   done
   return 1
+}
+
+# version_at_least 3.12 3.11 -> true: the first version is the second or later.
+version_at_least() {
+  [ "$(printf '%s\n%s\n' "$1" "$2" | sort -V | head -n 1)" = "$2" ]
+}
+
+# newest_python MIN -> path of the newest Python the machine has that is MIN or later.
+newest_python() {
+  local min="$1" minor
+  for minor in $(seq 20 -1 "${min#3.}"); do
+    find_python "3.$minor" && return 0
+  done
+  return 1
+}
+
+# apt_install_python MIN: install the newest python3.X (with its venv package) that
+# apt-get offers and that is MIN or later. Debian 12 has 3.11, Ubuntu 24.04 3.12.
+apt_install_python() {
+  local min="$1" name best=""
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq >/dev/null 2>&1 || true
+  for name in $(apt-cache pkgnames python3. 2>/dev/null | grep -E '^python3\.[0-9]+$' | sort -V); do
+    if version_at_least "${name#python}" "$min"; then best="$name"; fi
+  done
+  if [ -z "$best" ]; then
+    echo "apt-get offers no Python $min or later" >&2
+    return 1
+  fi
+  apt_install "$best" "$best-venv"
+}
+
+# pick_python MIN [PREFERRED...] -> path of a Python: the first PREFERRED version the
+# machine has, else the newest it has that is MIN or later, else one that apt-get
+# installs. Fails, saying so, when there is none.
+pick_python() {
+  local min="$1" v
+  shift
+  for v in "$@"; do find_python "$v" && return 0; done
+  newest_python "$min" && return 0
+  log "no Python $min or later with venv found; installing one with apt-get"
+  apt_install_python "$min" >&2 && newest_python "$min" && return 0
+  echo "no Python $min or later could be found or installed" >&2
+  return 1
+}
+
+# python_version PYTHON -> "3.12.1"
+python_version() {
+  "$1" -c 'import platform; print(platform.python_version())'
 }
 
 # ensure_venv DIR PYTHON EXTRAS [PIP SPEC...]: create DIR and install the project
@@ -38,12 +88,17 @@ ensure_venv() {
   local dir="$1" python="$2" extras="$3"
   shift 3
   local stamp="$dir/.outbox-stamp"
-  local want
-  want="$( (cat "$ROOT/pyproject.toml"; echo "$extras $*") | sha256sum | cut -d' ' -f1)"
+  local want version
+  version="$(python_version "$python")"
+  want="$( (cat "$ROOT/pyproject.toml"; echo "$extras $* $version") | sha256sum | cut -d' ' -f1)"
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$dir/bin/python" ]; then
     return 0
   fi
-  log "preparing $dir ($("$python" --version 2>&1), $extras $*)"
+  # A venv made by another Python (another machine, another choice) is made anew.
+  if [ -e "$dir" ] && [ "$(python_version "$dir/bin/python" 2>/dev/null)" != "$version" ]; then
+    rm -rf "$dir"
+  fi
+  log "preparing $dir (Python $version, $extras $*)"
   # pip and the build backend are chatty (notices, deprecation warnings of build
   # dependencies): their output goes to a log that is shown only if a step fails.
   local out
@@ -243,4 +298,13 @@ ensure_django_mail_tests() {
     return 1
   }
   rm -rf "$tmp"
+}
+
+# ensure_dev_venv: .venv, the environment of the example, the linters, the chaos run
+# and the Django 5.2 cells of the test command: Django 5.2 on Python 3.11 when the
+# machine has it, else on the newest Python from 3.11 on (Django 5.2 supports 3.10 to 3.14).
+ensure_dev_venv() {
+  local python
+  python="$(pick_python 3.11 3.11)" || return 1
+  ensure_venv "$ROOT/.venv" "$python" dev "django>=5.2,<5.3"
 }

@@ -1,8 +1,18 @@
 #!/usr/bin/env bash
 # The test command: the whole test suite, from a fresh machine. Lint and types,
-# then pytest in four cells: Django 5.2 (python3.11) and Django 6.1 (python3.12),
-# each on SQLite and on a throwaway PostgreSQL, against real redis-servers on
-# loopback. Then one coverage report over every cell and every subprocess.
+# then pytest in five cells, against real redis-servers on loopback:
+#
+#   cell           Python   what it runs
+#   5.2:postgres   3.11     every module but those kept to other cells; a chaos run, PgBouncer
+#   6.1:postgres   3.12     the same; the other chaos run
+#   5.2:sqlite     3.11     the same
+#   6.1:sqlite     3.12     the same; the built wheel adopted into a new project
+#   6.0:sqlite     3.13     the fast tests only: none marked slow (-m "not slow")
+#
+# Each Django version has its Python (each of 3.11, 3.12 and 3.13 once); where the
+# machine lacks it, the cell takes the newest Python it has that the Django version
+# supports, and its lines say which. The slow modules run in one or two named cells
+# (tests/cells.py); the fast ones run in every cell.
 #
 #   tests/run.sh                                               everything (what CI runs)
 #   OUTBOX_TEST_MATRIX="5.2:sqlite" tests/run.sh -k worker     one cell, pytest args
@@ -12,31 +22,56 @@
 # Cells run OUTBOX_TEST_JOBS at a time (default 2). They cannot collide: each has
 # its own redis-server, its own SQLite folder, its own PostgreSQL database names
 # (one server, "test_outbox_<cell>"), its own pytest temporary folder and its own
-# coverage data. A cell's output is buffered and printed whole when it ends,
-# followed by one summary line per cell. The exit status is 1 if any cell failed.
+# coverage data. A cell's output is buffered and printed whole when it ends (its
+# skips counted, not listed, but for unexpected ones), followed by one summary line
+# per cell. The exit status is 1 if any cell failed.
 #
-# Installs what is missing: the virtual environments .venv and .venv-django61
-# (rebuilt only when pyproject.toml changes), and with apt-get redis-server,
-# PostgreSQL, Chromium (the admin's browser test), faketime, Postfix and PgBouncer. Every
-# server listens on 127.0.0.1 on a free port and is stopped by pid when the script exits.
+# Installs what is missing: a Python from 3.11 on (apt-get, if the machine has none),
+# the virtual environments .venv (Django 5.2, and the linters), .venv-django60 and
+# .venv-django61 (rebuilt only when pyproject.toml or their Python changes), and with
+# apt-get redis-server, PostgreSQL, Chromium (the admin's browser test), faketime,
+# Postfix and PgBouncer. Every server listens on 127.0.0.1 on a free port and is
+# stopped by pid when the script exits.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 trap stop_started EXIT
 
-# The longest cell first (6.1:postgres runs the chaos run), so that the others fill the other slot.
-MATRIX="${OUTBOX_TEST_MATRIX:-6.1:postgres 5.2:postgres 6.1:sqlite 5.2:sqlite}"
+# The two longest cells first (5.2:postgres, then 6.1:postgres with the chaos run); the
+# slot that frees first takes 5.2:sqlite, then 6.0:sqlite, so that both slots end together.
+MATRIX="${OUTBOX_TEST_MATRIX:-5.2:postgres 6.1:postgres 5.2:sqlite 6.1:sqlite 6.0:sqlite}"
 JOBS="${OUTBOX_TEST_JOBS:-2}"
 START=$SECONDS
 
-PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
-ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
-ensure_django_mail_tests .venv
-if [[ "$MATRIX" == *6.1* ]]; then
-  PY312="$(find_python 3.12)" || { echo "python3.12 not found" >&2; exit 1; }
-  ensure_venv .venv-django61 "$PY312" test "django>=6.1,<6.2"
-  ensure_django_mail_tests .venv-django61
-fi
+# Per Django version: its virtual environment, the Python it is tested on, the oldest
+# Python it supports (the fallback's floor) and the pip spec.
+declare -A VENV=([5.2]=.venv [6.0]=.venv-django60 [6.1]=.venv-django61)
+declare -A WANT_PYTHON=([5.2]=3.11 [6.0]=3.13 [6.1]=3.12)
+declare -A MIN_PYTHON=([5.2]=3.11 [6.0]=3.12 [6.1]=3.12)
+declare -A DJANGO_SPEC=([5.2]="django>=5.2,<5.3" [6.0]="django>=6.0,<6.1" [6.1]="django>=6.1,<6.2")
+declare -A PYTHON_NOTE
+
+# .venv always: the linters and the coverage report run from it.
+ensure_dev_venv
+for django in 6.0 6.1; do
+  if [[ " $MATRIX " == *" $django:"* ]]; then
+    python="$(pick_python "${MIN_PYTHON[$django]}" "${WANT_PYTHON[$django]}")" || {
+      echo "Django $django needs Python ${MIN_PYTHON[$django]} or later. To run the" \
+        "Django 5.2 cells alone: OUTBOX_TEST_MATRIX=\"5.2:postgres 5.2:sqlite\" tests/run.sh" >&2
+      exit 1
+    }
+    ensure_venv "${VENV[$django]}" "$python" test "${DJANGO_SPEC[$django]}"
+  fi
+done
+for django in 5.2 6.0 6.1; do
+  [[ " $MATRIX " == *" $django:"* ]] || continue
+  ensure_django_mail_tests "${VENV[$django]}"
+  have="$(python_version "${VENV[$django]}/bin/python")"
+  if [ "${have%.*}" != "${WANT_PYTHON[$django]}" ]; then
+    PYTHON_NOTE[$django]=" (not ${WANT_PYTHON[$django]}: the machine has none)"
+    log "Django $django runs on Python $have: this machine has no Python ${WANT_PYTHON[$django]}"
+  fi
+done
 ensure_redis_server
 ensure_faketime
 ensure_postfix
@@ -64,13 +99,16 @@ CLEANUP_DIRS+=("$WORK")
 run_cell() {
   local cell="$1" dir="$2" redis_port="$3"
   shift 3
-  local django="${cell%%:*}" db="${cell##*:}" venv=.venv prepare=""
-  [ "$django" = 6.1 ] && venv=.venv-django61
+  local django="${cell%%:*}" db="${cell##*:}" prepare="" marks=()
+  local venv="${VENV[$django]:?no Django $django in tests/run.sh}"
+  # Django 6.0's cell runs the fast tests only: those not marked slow (pyproject.toml).
+  [ "$django" = 6.0 ] && marks=(-m "not slow")
   # Django 6.1 on PostgreSQL runs with psycopg's prepared statements on, so the
   # worker's prepared hot path is tested as well as the default one.
   [ "$cell" = 6.1:postgres ] && prepare=0
   mkdir -p "$dir/sqlite" "$dir/coverage"
-  echo "Django $django on $db ($("$venv/bin/python" --version)), redis-server :$redis_port"
+  echo "Django $django on $db, Python $(python_version "$venv/bin/python")${PYTHON_NOTE[$django]:-}," \
+    "redis-server :$redis_port"
   OUTBOX_TEST_DB="$db" \
   OUTBOX_TEST_PG_PREPARE_THRESHOLD="$prepare" \
   OUTBOX_TEST_PG_NAME="outbox_${django/./}_$db" \
@@ -79,7 +117,7 @@ run_cell() {
   OUTBOX_TEST_DJANGO_MAIL_TESTS="$ROOT/$venv/django-tests" \
   COVERAGE_FILE="$dir/coverage/.coverage" \
     "$venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$dir/pytest" \
-      --cov=outbox --cov-report= "$@"
+      --cov=outbox --cov-report= "${marks[@]}" "$@"
 }
 
 # Each cell's redis-server is started here, so that the EXIT trap stops it by pid.
@@ -101,6 +139,31 @@ running_cells() {
   echo "$n"
 }
 
+# without_expected_skips LOG: the log with pytest's SKIPPED lines (-ra) for modules kept
+# to other cells (tests/cells.py, the chaos run) replaced by one line that counts them;
+# other skips (a missing tool, say) are kept, one line per reason with its count.
+without_expected_skips() {
+  awk '
+    /^SKIPPED \[[0-9]+\] / {
+      n = substr($2, 2, length($2) - 2) + 0
+      reason = $0
+      sub(/^SKIPPED \[[0-9]+\] [^ ]+: /, "", reason)
+      if (reason ~ /runs in the [^ ]+( and [^ ]+)? cells?/) { by_cell += n; next }
+      if (!(reason in other)) order[++kinds] = reason
+      other[reason] += n
+      where[reason] = $3
+      next
+    }
+    /^=+ .*(passed|failed|error|skipped|no tests ran).* =+$/ && !done {
+      if (by_cell) printf "%d skipped: their modules run in other cells (tests/cells.py)\n", by_cell
+      for (i = 1; i <= kinds; i++)
+        printf "SKIPPED [%d] %s %s\n", other[order[i]], where[order[i]], order[i]
+      done = 1
+    }
+    { print }
+  ' "$1"
+}
+
 # Print the whole output of every cell that has ended and was not printed yet.
 print_finished() {
   local cell
@@ -108,7 +171,7 @@ print_finished() {
     if [ -f "${CELL_DIR[$cell]}/rc" ] && [ -z "${CELL_DONE[$cell]:-}" ]; then
       CELL_DONE[$cell]=1
       log "pytest $cell: output (exit status $(cat "${CELL_DIR[$cell]}/rc"), $(cat "${CELL_DIR[$cell]}/seconds") s)"
-      sed "s/^/[$cell] /" "${CELL_DIR[$cell]}/log"
+      without_expected_skips "${CELL_DIR[$cell]}/log" | sed "s/^/[$cell] /"
     fi
   done
 }
@@ -120,7 +183,8 @@ for cell in "${cells[@]}"; do
   touch "${CELL_DIR[$cell]}/started"
   (
     begin=$SECONDS rc=0
-    run_cell "$cell" "${CELL_DIR[$cell]}" "${CELL_REDIS[$cell]}" "$@" \
+    # In a subshell of its own, so that even a shell error in run_cell ends here with a status.
+    (run_cell "$cell" "${CELL_DIR[$cell]}" "${CELL_REDIS[$cell]}" "$@") \
       >"${CELL_DIR[$cell]}/log" 2>&1 </dev/null || rc=$?
     echo $((SECONDS - begin)) >"${CELL_DIR[$cell]}/seconds"
     echo "$rc" >"${CELL_DIR[$cell]}/rc"
@@ -149,8 +213,10 @@ for cell in "${cells[@]}"; do
   line="$(grep -E '^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* =+$' \
             "${CELL_DIR[$cell]}/log" | tail -n 1 || true)"
   if [ "$rc" = 0 ]; then word=passed; else word="FAILED (exit status $rc)"; failed+=("$cell"); fi
-  printf '%-13s %s in %s s   %s\n' "$cell" "$word" "$(cat "${CELL_DIR[$cell]}/seconds")" \
-    "${line:-no pytest summary}"
+  django="${cell%%:*}"
+  printf '%-13s Python %-7s %s in %s s   %s\n' "$cell" \
+    "$(python_version "${VENV[$django]}/bin/python")" "$word" \
+    "$(cat "${CELL_DIR[$cell]}/seconds")" "${line:-no pytest summary}"
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

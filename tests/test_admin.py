@@ -5,8 +5,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections import Counter
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -172,7 +171,7 @@ def test_truncated_cell_is_one_line_and_bounded():
 
 def test_compact_times_with_the_full_time_in_a_tooltip(admin_client, settings):
     settings.TIME_ZONE = "Europe/Berlin"
-    now = datetime(2026, 11, 23, 13, 5, 7, tzinfo=dt_timezone.utc)
+    now = datetime(2026, 11, 23, 13, 5, 7, tzinfo=UTC)
     this_year = compact_time(now, now=now)
     assert this_year is not None
     assert ">Nov 23 14:05</time>" in this_year

@@ -12,6 +12,7 @@ from email.message import MIMEPart
 from email.mime.application import MIMEApplication
 from email.mime.image import MIMEImage
 
+import django
 import pytest
 from django.contrib.auth.models import User
 from django.core import mail
@@ -38,6 +39,9 @@ OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
 LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
 SMTP = "django.core.mail.backends.smtp.EmailBackend"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
+
+# Django 6.0 takes email.message.MIMEPart attachments and deprecates MIMEBase ones.
+MIMEPART_ATTACHMENTS = django.VERSION >= (6, 0)
 
 
 def use_outbox(settings, delivery: str = LOCMEM, options: dict | None = None) -> None:
@@ -78,7 +82,7 @@ def ready_ids(queue: RedisQueue) -> list[int]:
 def attach_part(message: EmailMessage, filename: str, content: bytes, mimetype: str) -> None:
     """Attach a MIME object the way the running Django version supports without warning."""
     maintype, subtype = mimetype.split("/")
-    if HAS_MAILERS:
+    if MIMEPART_ATTACHMENTS:
         part = MIMEPart()
         part.set_content(content, maintype=maintype, subtype=subtype, filename=filename)
     else:
@@ -184,8 +188,8 @@ def test_lazy_subject_and_default_from(outbox, settings):
 
 def test_mail_admins(outbox, outbox_mail, settings):
     admins = ["ops@example.com", "dev@example.com"]
-    # Django 5.2 wants (name, address) pairs; 6.1 deprecates them for plain addresses.
-    settings.ADMINS = admins if HAS_MAILERS else [("Admin", a) for a in admins]
+    # Django 5.2 wants (name, address) pairs; 6.0 deprecates them for plain addresses.
+    settings.ADMINS = admins if django.VERSION >= (6, 0) else [("Admin", a) for a in admins]
     settings.SERVER_EMAIL = "server@example.com"
     settings.EMAIL_SUBJECT_PREFIX = "[site] "
     mail_admins("Disk full", "Clean up", html_message="<p>Clean up</p>")
@@ -425,7 +429,7 @@ def test_calendar_invite_and_inline_logo_go_out_as_django_builds_them(outbox, ou
     message = EmailMultiAlternatives("Invite", "b", None, ["a@example.com", "b@example.com"])
     message.attach_alternative("<p><img src='cid:logo'></p>", "text/html")
     message.attach_alternative("BEGIN:VCALENDAR\r\nEND:VCALENDAR\r\n", "text/calendar")
-    if HAS_MAILERS:
+    if MIMEPART_ATTACHMENTS:
         image = MIMEPart()
         image.set_content(PNG, maintype="image", subtype="png", disposition="inline", cid="<logo>")
     else:

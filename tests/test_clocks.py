@@ -15,8 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -45,7 +44,7 @@ def run_worker() -> None:
 @override_settings(USE_TZ=False)
 def test_without_time_zone_support_mail_is_enqueued_swept_and_sent():
     # The API still takes aware times; the rows hold them naive, as Django does.
-    now = datetime.now(dt_timezone.utc)
+    now = datetime.now(UTC)
     rows = [
         *enqueue_email("Hi", "Body", None, ["a@example.com", "b@example.com"]),
         *enqueue_email(
@@ -91,7 +90,7 @@ def not_before(rows) -> set[datetime]:
 @pytest.mark.parametrize("functions", [True, False])
 def test_enqueue_writes_the_databases_now_as_not_before(settings, functions, queue):
     settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
-    send_at = datetime.now(dt_timezone.utc) + timedelta(hours=1)
+    send_at = datetime.now(UTC) + timedelta(hours=1)
     with transaction.atomic():
         # now() is the transaction's start: before any time this host reads inside it.
         db_now = transaction_now()
@@ -247,7 +246,7 @@ def slow_web_host(code: str) -> str:
     assert done.returncode == 0, done.stdout + done.stderr
     assert "Redis is unreachable" in done.stderr, done.stderr  # the push did fail
     lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
-    assert float(lines["CLOCK"]) < datetime.now(dt_timezone.utc).timestamp() + SLOW / 2
+    assert float(lines["CLOCK"]) < datetime.now(UTC).timestamp() + SLOW / 2
     return lines["OUT"]
 
 

@@ -9,8 +9,7 @@ random messages in tests/test_fidelity_property.py.
 from __future__ import annotations
 
 import re
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from email.mime.base import MIMEBase
 from typing import Any
 
@@ -58,7 +57,7 @@ def test_idn_addresses_with_display_names_go_out_idna_encoded(settings, smtp_ser
 
 
 def test_headers_given_by_the_sender_are_honoured_as_in_django(outbox, outbox_mail):
-    when = datetime(2001, 11, 9, 1, 8, 47, tzinfo=dt_timezone.utc)
+    when = datetime(2001, 11, 9, 1, 8, 47, tzinfo=UTC)
     message = EmailMessage(
         "s",
         "b",
@@ -124,7 +123,7 @@ def test_latin_1_message_keeps_its_encoding(outbox, outbox_mail):
     assert comparable(delivered.as_bytes()) == comparable(django_bytes(message))
 
 
-# The test's own attach() of a MIMEBase is what Django 6.1 deprecates.
+# The test's own attach() of a MIMEBase is what Django 6.0 deprecates.
 @pytest.mark.filterwarnings("ignore:MIMEBase attachments are deprecated")
 @pytest.mark.parametrize("shape", ["html only", "bcc only", "mimebase", "cc only"])
 def test_mime_structure_is_djangos(outbox, outbox_mail, shape):

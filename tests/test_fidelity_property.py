@@ -67,7 +67,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from datetime import timezone as dt_timezone
 from email import encoders
 from email.message import Message
@@ -208,7 +208,7 @@ MESSAGE_IDS = [
     "<" + "x" * 230 + "@example.com>",  # too long to extend
 ]
 DATES: list[Any] = [
-    datetime(2001, 11, 9, 1, 8, 47, tzinfo=dt_timezone.utc),
+    datetime(2001, 11, 9, 1, 8, 47, tzinfo=UTC),
     datetime(2024, 2, 29, 23, 59, 59, 123456, tzinfo=dt_timezone(timedelta(hours=2))),
     datetime(2030, 1, 1, 12, 0, 0),  # naive
     "Fri, 09 Nov 2001 01:08:47 -0000",

@@ -28,9 +28,13 @@ from outbox.models import Attempt, Delivery
 from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
+from tests.cells import slow_processes
 from tests.servers import wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = slow_processes(
+    ("6.1:postgres", "5.2:sqlite"),
+    why="worker processes that crash on a message; one cell per Django version and database",
+)
 
 Status = Delivery.Status
 POISON_SUBJECT = "POISON"

@@ -21,8 +21,7 @@ protection applies (``AdminSite.admin_view``).
 
 from __future__ import annotations
 
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from django import forms
@@ -54,7 +53,7 @@ def can_change(request: HttpRequest) -> bool:
 
 
 def _when(epoch: float | None) -> datetime | None:
-    return None if epoch is None else datetime.fromtimestamp(epoch, tz=dt_timezone.utc)
+    return None if epoch is None else datetime.fromtimestamp(epoch, tz=UTC)
 
 
 def control_context(redis_part: dict[str, Any]) -> dict[str, Any]:

@@ -32,8 +32,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.contrib.admin import AdminSite
@@ -146,7 +145,7 @@ def per_minute(now: datetime) -> Chart:
             Q(status=Status.SENT, sent_at__gte=start)
             | Q(status=Status.FAILED, updated_at__gte=start)
         )
-        .annotate(minute=TruncMinute(when, tzinfo=dt_timezone.utc))
+        .annotate(minute=TruncMinute(when, tzinfo=UTC))
         .order_by()
         .values("status", "minute")
         .annotate(n=Count("id"))

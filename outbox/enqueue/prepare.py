@@ -12,8 +12,7 @@ from __future__ import annotations
 import mimetypes
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from functools import lru_cache
 from typing import Any
 
@@ -176,7 +175,7 @@ def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
     if timezone.is_naive(expires_at):
         raise field_error("expires_at", _("expires_at must be timezone-aware."), "naive")
     # An aware now: timezone.now() is naive without USE_TZ.
-    if expires_at <= datetime.now(dt_timezone.utc):
+    if expires_at <= datetime.now(UTC):
         raise field_error("expires_at", _("expires_at is in the past."), "past")
     if send_at is not None and expires_at <= send_at:
         raise field_error(

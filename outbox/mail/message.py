@@ -25,8 +25,7 @@ from __future__ import annotations
 import copy
 import secrets
 from collections.abc import Sequence
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 from email.message import Message
 from email.utils import formatdate, getaddresses
 from typing import Any
@@ -92,9 +91,7 @@ def _set_boundaries(message: Message) -> None:
 def _date() -> Any:
     """The Date header's value as Django's ``message()`` makes it."""
     if MODERN_EMAIL_API:
-        return datetime.now(
-            get_current_timezone() if settings.EMAIL_USE_LOCALTIME else dt_timezone.utc
-        )
+        return datetime.now(get_current_timezone() if settings.EMAIL_USE_LOCALTIME else UTC)
     return formatdate(localtime=settings.EMAIL_USE_LOCALTIME)
 
 

@@ -29,8 +29,7 @@ then, and the ORM's naive values must compare with them).
 from __future__ import annotations
 
 import time
-from datetime import datetime
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime
 
 from django.conf import settings
 from django.utils import timezone
@@ -61,7 +60,7 @@ class RedisClock:
 
 def from_timestamp(ts: float) -> datetime:
     """Epoch seconds as a datetime the way Django stores it (see above)."""
-    moment = datetime.fromtimestamp(ts, tz=dt_timezone.utc)
+    moment = datetime.fromtimestamp(ts, tz=UTC)
     if settings.USE_TZ:
         return moment
     return timezone.make_naive(moment, timezone.get_default_timezone())

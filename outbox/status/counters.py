@@ -35,8 +35,7 @@ No writer on the hot path is involved: the worker never touches the key.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
-from datetime import timezone as dt_timezone
+from datetime import UTC, datetime, timedelta
 
 from django.db.models import Count, Q
 
@@ -60,12 +59,12 @@ def sent_total(queue: RedisQueue) -> int:
     (since_raw, base_raw), (seconds, _micros) = pipe.execute()
     since = None
     if since_raw is not None and base_raw is not None:
-        since = datetime.fromtimestamp(int(since_raw), tz=dt_timezone.utc)
+        since = datetime.fromtimestamp(int(since_raw), tz=UTC)
     base = int(base_raw) if since is not None and base_raw is not None else 0
     # Redis' clock, the one the worker stamps sent_at with, so that no other
     # machine's clock can move the checkpoint ahead of rows still to come.
     # Whole seconds: the boundary is stored exactly and read back the same.
-    until = datetime.fromtimestamp(int(seconds), tz=dt_timezone.utc) - SETTLE
+    until = datetime.fromtimestamp(int(seconds), tz=UTC) - SETTLE
     rows = Delivery.objects.filter(status=Delivery.Status.SENT)
     if since is not None:
         rows = rows.filter(sent_at__gte=since)

@@ -13,7 +13,7 @@ import os
 import platform
 import re
 import subprocess
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,7 @@ def machine_info(children: dict[str, dict[str, Any]]) -> dict[str, str]:
             ["redis-server", "--version"], capture_output=True, text=True, check=False
         ).stdout.split()[2]
     info = {
-        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "nproc": str(os.cpu_count()),
         "cpu": cpu,
         "os": platform.platform(),

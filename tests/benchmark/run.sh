@@ -22,7 +22,7 @@ source "$(dirname "${BASH_SOURCE[0]}")/../lib.sh"
 trap stop_started EXIT
 trap 'exit 130' INT TERM
 
-PYTHON="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
+PYTHON="$(pick_python 3.11 3.11)"
 ensure_venv "$ROOT/.venv-bench" "$PYTHON" postgres \
   "Django>=5.2,<5.3" \
   "django-post-office>=3.9,<4" \

@@ -345,7 +345,7 @@ def result_of(child: Child, c: Counter[str]) -> dict[str, Any]:
     return {
         "policy": config.policy,
         "config": asdict(config),
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "database": child.db_name,
         "counts": counts,
         "smtp": smtp_answers,

@@ -48,7 +48,7 @@ def epoch(value: datetime.datetime | None) -> float:
     if value is None:
         return 0.0
     if value.tzinfo is None:  # naive: UTC, as the run's settings store it
-        value = value.replace(tzinfo=datetime.timezone.utc)
+        value = value.replace(tzinfo=datetime.UTC)
     return value.timestamp()
 
 

@@ -23,8 +23,7 @@ source "$(dirname "$0")/../lib.sh"
 cd "$ROOT"
 trap stop_started EXIT
 
-PY311="$(find_python 3.11)" || { echo "python3.11 not found" >&2; exit 1; }
-ensure_venv .venv "$PY311" dev "django>=5.2,<5.3"
+ensure_dev_venv
 ensure_redis_server
 ensure_faketime  # the skewed-clock worker and web host (tests/chaos/faults/skew.py, slow_web_host.py)
 
