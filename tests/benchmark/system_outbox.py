@@ -60,7 +60,7 @@ def delivered() -> int:
     return Delivery.objects.filter(status="sent").count()
 
 
-# The worker configurations the README's "Throughput" recommends for this
+# The worker configurations the README recommends ("Which configuration") for this
 # benchmark's machine (2 cores, the database on the same host), per database:
 # the targets are judged on the best of them, and name it.
 DOCUMENTED = {
