@@ -16,7 +16,7 @@ from datetime import datetime
 from functools import partial
 from typing import Any
 
-from django.db import router, transaction
+from django.db import transaction
 from django.db.models import DateTimeField, F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -24,7 +24,7 @@ from django.utils import timezone
 from . import signals
 from .db import database_now
 from .exceptions import OutboxError
-from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
+from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, outbox_alias
 from .queue.entries import QueueEntry
 from .queue.publish import publish
 
@@ -112,7 +112,7 @@ def _transition_chunk(
     keep_schedule: bool,
 ) -> TransitionResult:
     result = TransitionResult()
-    using = router.db_for_write(Delivery)
+    using = outbox_alias()
     with transaction.atomic(using=using):
         db_now = database_now(using)  # the transaction's now(): what its statements read
         # An operator's "now" on PostgreSQL is the database's: due now by the

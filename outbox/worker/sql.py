@@ -21,14 +21,14 @@ from datetime import datetime
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance
-from ..models import Delivery, Email
+from ..models import Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 
@@ -46,12 +46,18 @@ class ClaimedRow(NamedTuple):
 EXPIRED_ERROR = "expired: not sent before its expires_at; cancelled at claim"
 
 
-def _statements() -> ModuleType:
-    """This connection's statements: PostgreSQL's, or SQLite's (which take the clock)."""
-    return postgresql if connection.vendor == "postgresql" else sqlite
+def _db() -> BaseDatabaseWrapper:
+    """This thread's connection to the outbox's database (``outbox_alias``)."""
+    return connections[outbox_alias()]
+
+
+def _statements(db: BaseDatabaseWrapper) -> ModuleType:
+    """The statements of ``db``: PostgreSQL's, or SQLite's (which take the clock)."""
+    return postgresql if db.vendor == "postgresql" else sqlite
 
 
 def _params(
+    db: BaseDatabaseWrapper,
     now: datetime,
     *,
     settle_id: int | None = None,
@@ -61,7 +67,7 @@ def _params(
     token: uuid.UUID | None = None,
     known: int = 0,
 ) -> dict[str, Any]:
-    """The named parameters of the statements above, adapted for this database."""
+    """The named parameters of the statements above, adapted for ``db``."""
     claim_token = Delivery._meta.get_field("claim_token")
     return {
         "sent": Status.SENT,
@@ -69,12 +75,12 @@ def _params(
         "queued": Status.QUEUED,
         "cancelled": Status.CANCELLED,
         "expired": EXPIRED_ERROR,
-        "now": connection.ops.adapt_datetimefield_value(now),
+        "now": db.ops.adapt_datetimefield_value(now),
         "settle_id": settle_id,
-        "settle_token": claim_token.get_db_prep_value(settle_token, connection),
+        "settle_token": claim_token.get_db_prep_value(settle_token, db),
         "claim_id": claim_id,
         "worker": worker,
-        "token": claim_token.get_db_prep_value(token, connection),
+        "token": claim_token.get_db_prep_value(token, db),
         "known": known,
     }
 
@@ -142,9 +148,10 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     Returns the claimed row (the fields the worker needs), or None if the row
     was not queued and due.
     """
-    with connection.cursor() as cursor:
+    db = _db()
+    with db.cursor() as cursor:
         cursor.execute(
-            _statements().CLAIM, _params(now, claim_id=pk, worker=worker_id, token=token)
+            _statements(db).CLAIM, _params(db, now, claim_id=pk, worker=worker_id, token=token)
         )
         row = cursor.fetchone()
     if row is None:
@@ -175,9 +182,9 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
     goes to one of them only). The transaction is atomic: if it fails, no step
     happened, and every thread retries its own with the same tokens. Raises
     DatabaseError. ``db``: the connection to use (the worker's step
-    connection); this thread's own by default.
+    connection); this thread's own to the outbox's database by default.
     """
-    db = db if db is not None else connections[DEFAULT_DB_ALIAS]
+    db = db if db is not None else _db()
     if db.vendor == "sqlite":
         return _steps_sqlite(steps, db)
     if len(steps) == 1:
@@ -190,7 +197,7 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
 def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
     statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(db) as cursor:
-        cursor.execute(statement, _step_params(step))
+        cursor.execute(statement, _step_params(step, db))
         row = cursor.fetchone()
     assert row is not None  # the SELECT always returns its one row
     return _step_result(step, row)
@@ -226,7 +233,7 @@ def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> l
         cursor.execute("BEGIN")
         try:
             for step in steps:
-                cursor.execute(postgresql.STEP, _step_params(step))
+                cursor.execute(postgresql.STEP, _step_params(step, db))
                 rows.append(cursor.fetchone())
             cursor.execute("COMMIT")
         except BaseException:
@@ -236,8 +243,9 @@ def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> l
     return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
 
 
-def _step_params(step: Step) -> dict[str, Any]:
+def _step_params(step: Step, db: BaseDatabaseWrapper) -> dict[str, Any]:
     return _params(
+        db,
         step.now,
         settle_id=step.settle[0] if step.settle is not None else None,
         settle_token=step.settle[1] if step.settle is not None else None,
@@ -279,7 +287,7 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
         cursor.execute("BEGIN IMMEDIATE")
         try:
             for step in steps:
-                params = _step_params(step)
+                params = _step_params(step, db)
                 settled, row = 0, None
                 if step.settle is not None:
                     cursor.execute(_dbapi_text(sqlite.SENT), params)
@@ -314,13 +322,14 @@ def _sqlite_result(step: Step, settled: int, row: Sequence[Any] | None) -> StepR
 @functools.cache
 def _dbapi_text(template: str) -> str:
     # The DB-API's own placeholders (:name), as Django's SQLite cursor would write them.
-    names = _params(datetime(2000, 1, 1)).keys()
+    names = _params(_db(), datetime(2000, 1, 1)).keys()
     return template % {name: f":{name}" for name in names}
 
 
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(_statements().SENT, _params(now, settle_id=pk, settle_token=token))
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_statements(db).SENT, _params(db, now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
@@ -363,8 +372,9 @@ def note_server(pk: int, token: uuid.UUID, host: str, address: str) -> int:
 
 def load_email(email_id: int) -> tuple[Email, bool]:
     """The email's content and whether it has attachments, in one query."""
-    with connection.cursor() as cursor:
-        cursor.execute(_statements().EMAIL, [email_id])
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_statements(db).EMAIL, [email_id])
         row = cursor.fetchone()
     if row is None:
         raise Email.DoesNotExist(f"email {email_id} is gone")
@@ -392,4 +402,4 @@ def due_clock(redis_now: datetime) -> Now | datetime:
     The same rule as the statements': the database's clock on PostgreSQL,
     Redis time (passed in) on SQLite.
     """
-    return Now() if connection.vendor == "postgresql" else redis_now
+    return Now() if _db().vendor == "postgresql" else redis_now
