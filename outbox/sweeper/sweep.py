@@ -201,19 +201,19 @@ class Sweeper:
     def _reap(self, worker_id: str, report: SweepReport) -> None:
         ids = self.queue.processing_ids(worker_id)
         rows = list(
-            Delivery.objects.filter(pk__in=set(ids)).values_list(
+            Delivery.objects.filter(pk__in=set(ids)).values(
                 "pk", "status", "worker_id", "priority", "not_before"
             )
         )
         back = [
-            QueueEntry(pk, priority, not_before.timestamp())
-            for pk, status, _w, priority, not_before in rows
-            if status == Status.QUEUED
+            QueueEntry(row["pk"], row["priority"], row["not_before"].timestamp())
+            for row in rows
+            if row["status"] == Status.QUEUED
         ]
         in_window = [
-            pk
-            for pk, status, owner, *_ in rows
-            if status == Status.PROCESSING and owner == worker_id
+            row["pk"]
+            for row in rows
+            if row["status"] == Status.PROCESSING and row["worker_id"] == worker_id
         ]
         if in_window:
             self._apply_policy(in_window, Q(worker_id=worker_id), report, worker_id)
