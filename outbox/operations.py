@@ -14,9 +14,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, NamedTuple
 
-from django.db import router, transaction
+from django.db import transaction
 from django.db.models import DateTimeField, F, Q, Value
 from django.db.models.functions import Greatest
 from django.utils import timezone
@@ -24,11 +24,23 @@ from django.utils import timezone
 from . import signals
 from .db import database_now
 from .exceptions import OutboxError
-from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery
+from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, outbox_alias
 from .queue.entries import QueueEntry
 from .queue.publish import publish
 
 Status = Delivery.Status
+
+
+class Locked(NamedTuple):
+    """A row a transition locked, read by column name: what its change and its push need."""
+
+    pk: int
+    attempts: int
+    priority: str
+    worker_id: str
+    not_before: datetime
+
+
 Outcome = Attempt.Outcome
 
 _CHUNK = 500
@@ -112,7 +124,7 @@ def _transition_chunk(
     keep_schedule: bool,
 ) -> TransitionResult:
     result = TransitionResult()
-    using = router.db_for_write(Delivery)
+    using = outbox_alias()
     with transaction.atomic(using=using):
         db_now = database_now(using)  # the transaction's now(): what its statements read
         # An operator's "now" on PostgreSQL is the database's: due now by the
@@ -128,29 +140,30 @@ def _transition_chunk(
         match = Q(pk__in=ids, status__in=list(allowed))
         if condition is not None:
             match &= condition
-        rows = list(
-            Delivery.objects.using(using)
+        rows = [
+            Locked(**row)
+            for row in Delivery.objects.using(using)
             # A row locked right now is being settled by someone else (or by a
             # frozen worker inside its transaction): skip it, never wait on it.
             .select_for_update(skip_locked=True)
             .filter(match)
-            .values_list("pk", "attempts", "priority", "worker_id", "not_before")
-        )
+            .values(*Locked._fields)
+        ]
         if rows:
             _change_rows(
                 using, match, rows, values, outcome=outcome, actor=actor, error=error, now=moment
             )
-        result.changed = [pk for pk, *_ in rows]
+        result.changed = [row.pk for row in rows]
         _count_skipped(using, set(ids) - set(result.changed), result.skipped)
         if rows:
             entries = []
-            for pk, _a, priority, _w, old_not_before in rows:
+            for row in rows:
                 # The push after the commit carries the row's new not_before,
                 # so it replaces any scheduled entry of the id with that time.
-                when = max(old_not_before, moment) if keep else values.get("not_before", moment)
+                when = max(row.not_before, moment) if keep else values.get("not_before", moment)
                 due = 0.0 if due_by_database and when == moment else when.timestamp()
-                entries.append(QueueEntry(pk, priority, due))
-            workers = {pk: worker_id for pk, _a, _p, worker_id, _nb in rows}
+                entries.append(QueueEntry(row.pk, row.priority, due))
+            workers = {row.pk: row.worker_id for row in rows}
             transaction.on_commit(
                 partial(_after_commit, to, entries, workers, actor, error), using=using
             )
@@ -173,7 +186,7 @@ def _new_values(to: str, error: str, updates: dict[str, Any], now: datetime) -> 
 def _change_rows(
     using: str,
     match: Q,
-    rows: list[tuple[int, int, str, str, datetime]],
+    rows: list[Locked],
     values: dict[str, Any],
     *,
     outcome: str,
@@ -183,7 +196,9 @@ def _change_rows(
 ) -> None:
     """Update the locked ``rows`` and log one Attempt each (inside the transaction)."""
     changed = (
-        Delivery.objects.using(using).filter(match, pk__in=[pk for pk, *_ in rows]).update(**values)
+        Delivery.objects.using(using)
+        .filter(match, pk__in=[row.pk for row in rows])
+        .update(**values)
     )
     if changed != len(rows):
         # The rows are locked, so this cannot happen on PostgreSQL or on
@@ -191,16 +206,16 @@ def _change_rows(
         raise OutboxError(f"expected to change {len(rows)} rows, changed {changed}")
     Attempt.objects.using(using).bulk_create(
         Attempt(
-            delivery_id=pk,
-            number=attempts,
-            worker_id=worker_id,
+            delivery_id=row.pk,
+            number=row.attempts,
+            worker_id=row.worker_id,
             started_at=now,
             finished_at=now,
             outcome=outcome,
             error=error,
             actor=actor[:WORKER_ID_MAX_LENGTH],
         )
-        for pk, attempts, _priority, worker_id, _not_before in rows
+        for row in rows
     )
 
 
@@ -208,7 +223,9 @@ def _count_skipped(using: str, others: set[int], skipped: Counter[str]) -> None:
     """Count the rows left alone by their current status; rows gone count as "deleted"."""
     if not others:
         return
-    for (status,) in Delivery.objects.using(using).filter(pk__in=others).values_list("status"):
+    for status in (
+        Delivery.objects.using(using).filter(pk__in=others).values_list("status", flat=True)
+    ):
         skipped[status] += 1
     missing = len(others) - sum(skipped.values())
     if missing:

@@ -19,10 +19,10 @@ import json
 import smtplib
 from collections.abc import Iterable, Sequence
 
-from django.db import connections, router
+from django.db import connections
 from django.utils import timezone
 
-from .models import Suppression
+from .models import Suppression, outbox_alias
 
 # bare_address lives with suppression_key (the staging valve, below the mail layer, uses it too).
 from .validation import bare_address, suppression_key
@@ -107,7 +107,7 @@ def refused_recipients(exc: BaseException) -> list[str]:
 
 def add_refused(addresses: Iterable[str], reason: str, using: str | None = None) -> None:
     """Add refused recipients (source ``refusal``); addresses already listed stay as they are."""
-    using = using or router.db_for_write(Suppression)
+    using = using or outbox_alias()
     now = timezone.now()
     Suppression.objects.using(using).bulk_create(
         [

@@ -59,7 +59,7 @@ def _other_sessions() -> list[tuple[Any, ...]]:
     """(pid, application, state, when, last query) of each other session on a PostgreSQL test database."""
     found: list[tuple[Any, ...]] = []
     for connection in connections.all():
-        if connection.vendor != "postgresql":
+        if connection.vendor != "postgresql" or not _set_up(connection):
             continue
         with connection.cursor() as cursor:
             cursor.execute(
@@ -71,6 +71,16 @@ def _other_sessions() -> list[tuple[Any, ...]]:
             )
             found += cursor.fetchall()
     return found
+
+
+def _set_up(connection: Any) -> bool:
+    """Whether this run made the test database of ``connection``'s alias (it then bears its name).
+
+    An alias no test of the run asked for (tests/settings.py's "routed") has no
+    test database, and its own database may not exist.
+    """
+    settings = connection.settings_dict
+    return settings["NAME"] == (settings.get("TEST") or {}).get("NAME", settings["NAME"])
 
 
 @pytest.fixture(autouse=True)

@@ -21,6 +21,10 @@ database names:
   where a worker subprocess delivers (see "Email" below)
 - OUTBOX_TEST_RATE_LIMITS: OUTBOX["RATE_LIMITS"] as JSON, for worker subprocesses
 - OUTBOX_TEST_POSTFIX_LOG: configure PostfixLogReconciler on that log, for worker subprocesses
+- OUTBOX_TEST_ROUTED: set ("1") for subprocesses of tests/test_routing.py: tests/routers.py
+  sends the outbox's tables to the second PostgreSQL database, "routed" (defined, and
+  created only for the tests that ask for it, whenever OUTBOX_TEST_DB is "postgres");
+  OUTBOX_TEST_ROUTED_DB_NAME is then its test database's name
 """
 
 import json
@@ -100,6 +104,14 @@ if _db == "postgres":
         # Transaction pooling: a server-side cursor (QuerySet.iterator()) would
         # outlive the transaction that holds its server connection.
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
+    # A project that routes the outbox to a database of its own (tests/test_routing.py).
+    DATABASES["routed"] = {
+        **DATABASES["default"],
+        "NAME": os.environ.get("OUTBOX_TEST_ROUTED_DB_NAME") or f"{_pg_name}_routed",
+        "TEST": {"NAME": f"test_{_pg_name}_routed"},
+    }
+    if os.environ.get("OUTBOX_TEST_ROUTED"):
+        DATABASE_ROUTERS = ["tests.routers.OutboxRouter"]
 else:
     # A file, not :memory:, so that worker subprocesses and threads share it.
     _sqlite_dir = os.environ.get("OUTBOX_TEST_SQLITE_DIR", tempfile.gettempdir())

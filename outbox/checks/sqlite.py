@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from django.core.checks import CheckMessage, Warning, register
-from django.db import DEFAULT_DB_ALIAS, connections, router
+from django.db import DEFAULT_DB_ALIAS, connections
 
-from ..models import Delivery
+from ..models import outbox_alias
 from .settings import outbox_dict
 
 # What the README, the example project and the test settings set.
@@ -36,7 +36,7 @@ def check_sqlite_options(
     if outbox_dict() is None:
         return []
     warnings: list[CheckMessage] = []
-    for alias in sorted({DEFAULT_DB_ALIAS, router.db_for_write(Delivery)}):
+    for alias in sorted({DEFAULT_DB_ALIAS, outbox_alias()}):
         settings_dict = connections[alias].settings_dict
         if "sqlite3" not in str(settings_dict.get("ENGINE", "")):
             continue

@@ -23,7 +23,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from ..models import Attempt, Delivery
+from ..models import Attempt, Delivery, outbox_alias
 from ..suppression import add_refused, bare_address
 
 logger = logging.getLogger("outbox.esp")
@@ -63,7 +63,7 @@ def record_event(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
         return
     error = _describe(event, esp_name)
     now = timezone.now()
-    with transaction.atomic():
+    with transaction.atomic(using=outbox_alias()):
         Attempt.objects.create(
             delivery=delivery,
             number=delivery.attempts,

@@ -27,7 +27,7 @@ from .. import signals
 from ..db import database_now
 from ..mail import valve
 from ..mail.message_id import copy_message_ids, make_message_id, message_id_domain
-from ..models import Attachment, Delivery, Email, EmailTemplate
+from ..models import Attachment, Delivery, Email, EmailTemplate, outbox_alias
 from ..queue.entries import QueueEntry
 from ..queue.publish import publish
 from ..rendering import TemplateCache, render
@@ -220,13 +220,13 @@ def prepare_template(
 
 def write_prepared(prepared: Sequence[Prepared]) -> list[list[Delivery]]:
     """Write validated emails in one transaction (a savepoint in the caller's)."""
-    using = router.db_for_write(Delivery)
+    using = outbox_alias()
     with write_transaction(using):
         return [write_one(p) for p in prepared]
 
 
 def write_one(p: Prepared) -> list[Delivery]:
-    using = router.db_for_write(Delivery)
+    using = outbox_alias()
     now = timezone.now()
     not_before = p.send_at or now
     domain = message_id_domain(p.from_email)

@@ -23,7 +23,7 @@ from django.utils import timezone
 from .. import signals
 from ..mail import valve
 from ..mail.message_id import make_message_id, message_id_domain
-from ..models import Delivery, Email, EmailTemplate
+from ..models import Delivery, Email, EmailTemplate, outbox_alias
 from ..queue.entries import QueueEntry
 from ..queue.publish import publish
 from ..rendering import TemplateCache
@@ -54,7 +54,7 @@ def enqueue_many(items: Iterable[Mapping[str, Any]]) -> list[list[Delivery]]:
     Redis after the commit; suppression and ``expires_at`` work as they do
     for one email.
     """
-    using = router.db_for_write(Delivery)
+    using = outbox_alias()
     cache = TemplateCache(router.db_for_read(EmailTemplate))
     prepared = [_prepare_item(cache, index, item) for index, item in enumerate(items)]
     results: list[list[Delivery]] = []

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 
 from ..conf import outbox_settings
-from ..db import binding_cursor, loaded_instance
+from ..db import binding_cursor, loaded_instance, rows_by_name
 from ..models import Delivery, Email
 from ..statements import postgresql, sqlite
 from .prepare import Prepared
@@ -121,8 +121,18 @@ def insert_postgresql(
         if functions and len(p.recipients) == 1:
             params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
             cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
-            (pk, email_id, reason), db_now = cursor.fetchone()
-            returned = [(int(pk), int(email_id), message_ids[0], reason, db_now)]
+            one = rows_by_name.one(EnqueuedOne, cursor, cursor.fetchone())
+            # outbox_enqueue_one() returns an array (its type is fixed by its migration).
+            pk, email_id, reason = one.enqueued
+            returned = [
+                Inserted(
+                    id=int(pk),
+                    message_id=message_ids[0],
+                    email_id=int(email_id),
+                    last_error=reason,
+                    now=one.now,
+                )
+            ]
         else:
             params.update(
                 recipients=p.recipients,
@@ -132,16 +142,18 @@ def insert_postgresql(
                 cancelled=Delivery.Status.CANCELLED,
             )
             cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
-            returned = cursor.fetchall()
-    email.pk = returned[0][1]
-    now = email.created_at = returned[0][4]  # the database's now(), which the rows hold
+            returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())
+    email.pk = returned[0].email_id
+    now = returned[0].now  # the database's now(), which the rows hold
+    assert now is not None  # every PostgreSQL enqueue statement returns it
+    email.created_at = now
     email._state.adding = False
     email._state.db = using
-    ids = {message_id: pk for pk, _email, message_id, _why, _now in returned}
-    reasons = {message_id: why for _pk, _email, message_id, why, _now in returned}
+    ids = {row.message_id: row.id for row in returned}
+    reasons = {row.message_id: row.last_error for row in returned}
     why = [reasons[m] for m in message_ids]
     if p.send_at is None:
-        not_before = returned[0][4]  # the database's now(), which the rows hold
+        not_before = now  # the database's now(), which the rows hold
     return _deliveries(
         p, email, message_ids, bare, why, ids, using=using, now=now, not_before=not_before
     )
@@ -203,6 +215,27 @@ def _deliveries(
     return created
 
 
+class Inserted(NamedTuple):
+    """A row an enqueue statement returns (``RETURNING``), read by column name.
+
+    Each statement returns the columns it has: ``id`` always, the others where
+    it says (``message_id`` matches a delivery back to its recipient).
+    """
+
+    id: int
+    message_id: str = ""
+    email_id: int = 0
+    last_error: str = ""  # why the recipient is suppressed, or ""
+    now: datetime | None = None  # the database's now(), which the rows hold
+
+
+class EnqueuedOne(NamedTuple):
+    """``ENQUEUE_ONE_CALL``'s row: the function's array (id, email id, why) and now()."""
+
+    enqueued: list[str]
+    now: datetime
+
+
 # -- enqueue_many: a chunk of emails and all their deliveries --------------------------
 
 
@@ -237,10 +270,12 @@ def insert_many(
     with binding_cursor(connection) as cursor:
         if connection.vendor == "postgresql":
             cursor.execute(postgresql.ENQUEUE_MANY, _postgresql_params(rows))
-            returned = cursor.fetchall()
-            email_ids = {message_id: email_id for _pk, email_id, message_id, _now in returned}
+            returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())
+            email_ids = {row.message_id: row.email_id for row in returned}
             # now(): what every row's times hold, and rows due now their not_before.
-            db_now = now = returned[0][3]
+            db_now = returned[0].now
+            assert db_now is not None  # ENQUEUE_MANY returns it
+            now = db_now
             for email, r in zip(emails, rows, strict=True):
                 email.pk = email_ids[r.message_ids[0]]
                 email.created_at = now
@@ -248,7 +283,8 @@ def insert_many(
             ops = connection.ops
             at = ops.adapt_datetimefield_value(now)
             cursor.execute(sqlite.ENQUEUE_MANY_EMAILS, [at, _emails_json(rows)])
-            for email, (pk,) in zip(emails, sorted(cursor.fetchall()), strict=True):
+            inserted = rows_by_name.all(Inserted, cursor, cursor.fetchall())
+            for email, pk in zip(emails, sorted(row.id for row in inserted), strict=True):
                 email.pk = pk
             cursor.execute(
                 sqlite.ENQUEUE_MANY_DELIVERIES,
@@ -260,9 +296,9 @@ def insert_many(
                     _deliveries_json(rows, emails, ops.adapt_datetimefield_value),
                 ],
             )
-            returned = [(pk, 0, message_id, None) for pk, message_id in cursor.fetchall()]
+            returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())
             db_now = None
-    ids = {message_id: pk for pk, _email, message_id, _now in returned}
+    ids = {row.message_id: row.id for row in returned}
     deliveries = []
     for email, r in zip(emails, rows, strict=True):
         email._state.adding = False

@@ -111,7 +111,7 @@ SELECT outbox_enqueue_one(%(subject)s, %(body)s, %(html)s, %(from)s,
     %(reply_to)s::jsonb, %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz, %(recipient)s,
     %(message_id)s, %(bare)s,
-    %(mailer)s), now()
+    %(mailer)s) AS enqueued, now()
 """
 
 # One chunk of enqueue_many: the email ids are drawn from the table's sequence
@@ -177,18 +177,19 @@ RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, sta
 
 # Steps 4 and 2 and the next email's content in one statement. They touch
 # different rows; a CTE's RETURNING is all the SELECT reads. The content is
-# skipped when the worker has it cached (%(known)s).
+# skipped when the worker has it cached (%(known)s). The columns are named as
+# outbox_step()'s (functions.py): the worker reads either by name.
 STEP = (
     "WITH settled AS ("
     + SENT
     + "RETURNING id\n), claimed AS ("
     + CLAIM
     + """)
-SELECT (SELECT count(*) FROM settled),
+SELECT (SELECT count(*) FROM settled) AS settled,
     c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
     e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
-    c.status, e.structure
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id) AS has_attachments,
+    c.status AS claimed_status, e.structure
 FROM (VALUES (1)) AS one
 LEFT JOIN claimed c ON true
 LEFT JOIN outbox_email e ON e.id = c.email_id AND e.id <> %(known)s
@@ -214,6 +215,7 @@ SELECT * FROM outbox_steps(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],
 # An email's content, when the claim did not bring it.
 EMAIL = """
 SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id) AS has_attachments,
+    e.structure
 FROM outbox_email e WHERE e.id = %s
 """

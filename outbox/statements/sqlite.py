@@ -51,23 +51,27 @@ RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, sta
 """
 
 # Step 2 as the step runs it: the email's content comes back too, as one JSON
-# array built by a subquery, unless the worker has it cached (%(known)s).
+# object built by a subquery, keyed by column name, unless the worker has it
+# cached (%(known)s).
 CLAIM_WITH_CONTENT = (
     CLAIM.rstrip()
     + """,
     CASE WHEN email_id = %(known)s THEN NULL ELSE (
-        SELECT json_array(e.subject, e.body, e.html_message, e.from_email, json(e.reply_to),
-            json(e.headers), e.mailer,
-            EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), json(e.structure))
+        SELECT json_object('subject', e.subject, 'body', e.body,
+            'html_message', e.html_message, 'from_email', e.from_email,
+            'reply_to', json(e.reply_to), 'headers', json(e.headers), 'mailer', e.mailer,
+            'has_attachments', EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
+            'structure', json(e.structure))
         FROM outbox_email e WHERE e.id = email_id
-    ) END
+    ) END AS content
 """
 )
 
 # An email's content, when the claim did not bring it.
 EMAIL = """
 SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id), e.structure
+    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id) AS has_attachments,
+    e.structure
 FROM outbox_email e WHERE e.id = %s
 """
 

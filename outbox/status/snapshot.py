@@ -116,14 +116,14 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from django.db import DatabaseError, connections, router
+from django.db import DatabaseError, connections
 from django.db.models import BooleanField, Count, ExpressionWrapper, Min, Q
 from django.utils import timezone
 
 from ..conf import PRIORITIES
 from ..db import database_problem
 from ..mail import valve
-from ..models import Delivery
+from ..models import Delivery, outbox_alias
 from ..queue.reliable import RedisQueue
 from .live import agreement_of, not_compared, read_redis
 
@@ -194,11 +194,7 @@ def _database(now: datetime) -> tuple[dict[str, Any], dict[str, set[int]] | None
         return _read_database(now)
     except Exception as exc:  # report it; the Redis part may still be useful
         error = f"{type(exc).__name__}: {exc}"
-        problem = (
-            database_problem(router.db_for_read(Delivery))
-            if isinstance(exc, DatabaseError)
-            else None
-        )
+        problem = database_problem(outbox_alias()) if isinstance(exc, DatabaseError) else None
         if problem is not None and problem.kind == "not migrated":
             return {"ok": False, "error": str(problem), "not_migrated": True}, None
         return {"ok": False, "error": error, "not_migrated": False}, None
@@ -304,7 +300,7 @@ def _sent_count(others: int) -> tuple[int, dict[str, int] | None]:
 
 def _estimated_rows() -> int | None:
     """PostgreSQL's estimate of the rows in the Delivery table, or None (see :func:`_sent_count`)."""
-    connection = connections[router.db_for_read(Delivery)]
+    connection = connections[outbox_alias()]
     if connection.vendor != "postgresql":
         return None
     with connection.cursor() as cursor:

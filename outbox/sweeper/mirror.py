@@ -47,12 +47,11 @@ import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from django.db import router
 from django.db.models import Max, Q, QuerySet
 
 from ..conf import outbox_settings
 from ..db import database_time
-from ..models import Attempt, Delivery
+from ..models import Attempt, Delivery, outbox_alias
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
@@ -197,7 +196,7 @@ def _marks() -> dict[Any, float]:
     PostgreSQL: the database's clock (epoch seconds). SQLite: the highest
     Delivery and Attempt ids (see the module docstring).
     """
-    db_time = database_time(router.db_for_read(Delivery))
+    db_time = database_time(outbox_alias())
     if db_time is not None:
         return {"checked_until_db": db_time}
     highest = Delivery.objects.aggregate(pk=Max("pk"))["pk"] or 0

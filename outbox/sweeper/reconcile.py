@@ -33,8 +33,8 @@ rows are merely asked again: answers change nothing twice.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields
 from functools import cache
 from typing import Any, cast
 
@@ -79,9 +79,9 @@ def reconcile(queue: RedisQueue, policy: str) -> ReconcileReport:
     rows = _candidates(queue, now)
     if not rows:
         return report
-    questions = [Question(*row[:-1]) for row in rows]
+    questions = [Question(**{name: row[name] for name in _QUESTION}) for row in rows]
     answers = _ask_all(questions, report)
-    tokens = {pk: token for pk, *_rest, token in rows}
+    tokens = {row["delivery_id"]: row["claim_token"] for row in rows}
     unsettled: list[int] = []
     for question in questions:
         path, answer = combine(answers, question.delivery_id)
@@ -96,7 +96,11 @@ def reconcile(queue: RedisQueue, policy: str) -> ReconcileReport:
     return report
 
 
-def _candidates(queue: RedisQueue, now: float) -> list[tuple[Any, ...]]:
+# The Question's fields, each the name of a column _candidates() reads.
+_QUESTION = tuple(f.name for f in fields(Question))
+
+
+def _candidates(queue: RedisQueue, now: float) -> list[Mapping[str, Any]]:
     """Up to RECONCILE_BATCH abandoned rows, oldest first, not asked recently."""
     queue.redis.zremrangebyscore(
         queue.reconcile_key, "-inf", now - outbox_settings.RECONCILE_RETRY_AFTER
@@ -105,34 +109,34 @@ def _candidates(queue: RedisQueue, now: float) -> list[tuple[Any, ...]]:
     rows = Delivery.objects.abandoned().filter(
         updated_at__gte=from_timestamp(now - outbox_settings.RECONCILE_MAX_AGE)
     )
-    # The Question's fields in its order, then the claim token. An abandoned
-    # row keeps its worker_id (only a return to queued clears it).
-    fields = (
-        "pk",
+    # The Question's fields by name, and the claim token. An abandoned row
+    # keeps its worker_id (only a return to queued clears it).
+    columns = rows.values(
         "message_id",
         "recipient",
-        "processing_started_at",
-        "updated_at",
         "worker_id",
-        "email__mailer",
         "server_host",
         "server_address",
         "claim_token",
+        delivery_id=F("pk"),
+        started_at=F("processing_started_at"),
+        abandoned_at=F("updated_at"),
+        mailer=F("email__mailer"),
     )
-    chosen: list[tuple[Any, ...]] = []
+    chosen: list[Mapping[str, Any]] = []
     after: tuple[Any, int] | None = None
     limit = outbox_settings.RECONCILE_BATCH
     while len(chosen) < limit:
-        page_rows = rows.order_by("updated_at", "pk")
+        page_rows = columns.order_by("updated_at", "pk")
         if after is not None:
             page_rows = page_rows.filter(
                 Q(updated_at__gt=after[0]) | Q(updated_at=after[0], pk__gt=after[1])
             )
-        page = list(page_rows.values_list(*fields)[:_PAGE])
+        page = list(page_rows[:_PAGE])
         if not page:
             break
-        after = (page[-1][4], page[-1][0])
-        chosen += [row for row in page if row[0] not in recent][: limit - len(chosen)]
+        after = (page[-1]["abandoned_at"], page[-1]["delivery_id"])
+        chosen += [row for row in page if row["delivery_id"] not in recent][: limit - len(chosen)]
     return chosen
 
 

@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
 
-from django.db import DatabaseError, connection, router
+from django.db import DatabaseError, connections
 from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
@@ -47,7 +47,7 @@ from redis.exceptions import RedisError
 from .. import operations
 from ..conf import outbox_settings
 from ..db import database_address, database_problem
-from ..models import Attempt, Delivery, Email
+from ..models import Attempt, Delivery, Email, outbox_alias
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry, redis_address
 from ..queue.reliable import RedisQueue
@@ -162,7 +162,7 @@ class Sweeper:
         except DatabaseError as exc:
             # The next pass starts over on a fresh connection; every change is
             # a conditional update, so a half-done pass leaves nothing wrong.
-            connection.close()
+            connections[outbox_alias()].close()
             self._database_failed(report, exc)
             logger.error("sweep interrupted: %s", report.errors[-1])
         finally:
@@ -174,7 +174,7 @@ class Sweeper:
 
     def _database_failed(self, report: SweepReport, exc: DatabaseError) -> None:
         """Say why the database failed the pass: it does not answer, or is not migrated."""
-        alias = router.db_for_write(Delivery)
+        alias = outbox_alias()
         problem = database_problem(alias)
         if problem is not None and problem.kind == "not migrated":
             report.failure = "not migrated"
@@ -201,19 +201,19 @@ class Sweeper:
     def _reap(self, worker_id: str, report: SweepReport) -> None:
         ids = self.queue.processing_ids(worker_id)
         rows = list(
-            Delivery.objects.filter(pk__in=set(ids)).values_list(
+            Delivery.objects.filter(pk__in=set(ids)).values(
                 "pk", "status", "worker_id", "priority", "not_before"
             )
         )
         back = [
-            QueueEntry(pk, priority, not_before.timestamp())
-            for pk, status, _w, priority, not_before in rows
-            if status == Status.QUEUED
+            QueueEntry(row["pk"], row["priority"], row["not_before"].timestamp())
+            for row in rows
+            if row["status"] == Status.QUEUED
         ]
         in_window = [
-            pk
-            for pk, status, owner, *_ in rows
-            if status == Status.PROCESSING and owner == worker_id
+            row["pk"]
+            for row in rows
+            if row["status"] == Status.PROCESSING and row["worker_id"] == worker_id
         ]
         if in_window:
             self._apply_policy(in_window, Q(worker_id=worker_id), report, worker_id)

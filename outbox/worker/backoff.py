@@ -15,10 +15,11 @@ import math
 import time
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import connection
+from django.db import connections
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
+from ..models import outbox_alias
 from .host import WorkerHost
 
 logger = logging.getLogger("outbox.worker")
@@ -92,6 +93,6 @@ def close_quietly(backend: BaseEmailBackend) -> None:
 
 def drop_db_connection() -> None:
     try:
-        connection.close()
+        connections[outbox_alias()].close()
     except Exception:
         logger.debug("closing the database connection failed", exc_info=True)

@@ -16,7 +16,7 @@ import uuid
 
 from django.db import transaction
 
-from ..models import Delivery
+from ..models import Delivery, outbox_alias
 from ..queue.entries import Claimed
 from . import sql
 from .host import WorkerHost
@@ -56,7 +56,7 @@ def started_from(
             # A queued row not due yet was pushed early: put it in `scheduled`.
             entry = sql.early_entry(item.id, worker.clock.now())
             if entry is not None:
-                transaction.on_commit(lambda: worker.push_quietly([entry]))
+                transaction.on_commit(lambda: worker.push_quietly([entry]), using=outbox_alias())
             worker.stats.add("skipped")
             return None
         # Our earlier UPDATE committed; its reply was lost.

@@ -18,11 +18,11 @@ from contextlib import nullcontext
 from datetime import datetime
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connections, transaction
 from redis.exceptions import RedisError
 
 from ..db import refused_for_good
-from ..models import Attempt, Delivery
+from ..models import Attempt, Delivery, outbox_alias
 from ..queue.entries import Claimed, QueueEntry
 from . import sql
 from .backoff import Backoff, drop_db_connection, wait_idle
@@ -75,8 +75,10 @@ class SenderLoop:
         # Step 3: the mail connections (the default one, ``backend``, and one
         # per mailer) and the send under the lease.
         self.sender = Sender(worker, self.gate, backend)
-        # Read once: ``connection`` is a thread-local proxy, each read a lookup.
-        self.vendor = connection.vendor
+        # The outbox's database, read once (a router's answer, then a
+        # thread-local lookup, each time it is asked).
+        self.database = outbox_alias()
+        self.vendor = connections[self.database].vendor
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
@@ -304,7 +306,7 @@ class SenderLoop:
             return self._group_step(s, item.id, token, now, self.worker.emails.recent(), worker_id)
         # SQLite: see Worker.sqlite_write_lock.
         one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
-        with one_writer, transaction.atomic():
+        with one_writer, transaction.atomic(using=self.database):
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, worker_id, token, now)
 
@@ -345,7 +347,7 @@ class SenderLoop:
                 # sender thread needs no database connection of its own (at the
                 # end of a burst run every thread writes its last one here).
                 return self._group_step(s, None, s.started.token, now, 0, self.worker.worker_id)[0]
-            with transaction.atomic():
+            with transaction.atomic(using=self.database):
                 return write_outcome(s, now, self.worker.push_quietly)
 
         changed = persist(

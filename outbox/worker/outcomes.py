@@ -67,7 +67,7 @@ from ..conf import outbox_settings
 from ..db import refused_for_good, storable
 from ..mail.failures import FailureKind, classify
 from ..mail.handover import Server
-from ..models import Attachment, Attempt, Delivery, Email
+from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, refused_recipients
 from .sql import mark_sent
@@ -200,7 +200,7 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
     if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
         due = s.retry_at or now
         entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
-        transaction.on_commit(lambda: push([entry]))
+        transaction.on_commit(lambda: push([entry]), using=outbox_alias())
     return changed
 
 
@@ -211,7 +211,9 @@ def suppress_refused(s: Settlement) -> None:
     logged and left out: the outcome is written anyway (module docstring).
     """
     try:
-        with transaction.atomic():  # a savepoint: a refusal leaves the outer transaction usable
+        with transaction.atomic(
+            using=outbox_alias()
+        ):  # a savepoint: a refusal leaves the outer transaction usable
             add_refused(s.refused, s.error)
     except DatabaseError as exc:
         if not refused_for_good(exc):
@@ -235,10 +237,12 @@ def settle_refused(s: Settlement, now: datetime) -> int:
     """
     delivery, token = s.delivery, s.started.token
     why = f"the database refused to record the outcome ({s.outcome}) for good: {s.refusal}"
-    with transaction.atomic():
+    with transaction.atomic(using=outbox_alias()):
         if s.outcome == Outcome.SENT:
             try:
-                with transaction.atomic():  # a savepoint: its refusal leaves ours usable
+                with transaction.atomic(
+                    using=outbox_alias()
+                ):  # a savepoint: its refusal leaves ours usable
                     changed = mark_sent(delivery.pk, token, now)
             except DatabaseError as exc:
                 if not refused_for_good(exc):

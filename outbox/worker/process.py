@@ -37,13 +37,14 @@ from types import FrameType
 from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connection, connections
+from django.db import DatabaseError, connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
 from ..db import database_address, database_problem
 from ..mail.targets import get_delivery_connection
+from ..models import outbox_alias
 from ..queue.clock import RedisClock
 from ..queue.control import ControlView
 from ..queue.entries import QueueEntry, redis_address
@@ -259,10 +260,10 @@ class Worker:
         """The give-up line's text and the exit status, for an outage of ``what``."""
         why = f"{type(exc).__name__}: {exc}" if exc is not None else "no answer"
         if what == "the database":
-            problem = database_problem(DEFAULT_DB_ALIAS)
+            problem = database_problem(outbox_alias())
             if problem is not None and problem.kind == "not migrated":
                 return str(problem), 1
-            where = database_address(DEFAULT_DB_ALIAS)
+            where = database_address(outbox_alias())
             return f"{where} unreachable for {lasted:.0f}s ({why})", EXIT_UNAVAILABLE
         if what == "the heartbeat lease":
             why = "no heartbeat reached it"
@@ -276,12 +277,13 @@ class Worker:
         """
         since = time.monotonic()
         while not self.stop_event.is_set():
+            db = connections[outbox_alias()]
             try:
-                connection.ensure_connection()
+                db.ensure_connection()
                 return
             except DatabaseError as exc:
                 with contextlib.suppress(DatabaseError):
-                    connection.close()
+                    db.close()
                 if self.outlasted(since, "the database", exc):
                     return
                 logger.warning("cannot reach the database (%s); retrying", exc)
@@ -305,7 +307,7 @@ class Worker:
         # writes it: not one per sender thread, each opened (and its plans
         # made) on the first batch that thread happened to write.
         if self._step_db is None:
-            db = connections.create_connection(DEFAULT_DB_ALIAS)
+            db = connections.create_connection(outbox_alias())
             db.inc_thread_sharing()  # used by one writer at a time (group_commit.py)
             self._step_db = db
         return self._step_db
@@ -347,7 +349,7 @@ class Worker:
         finally:
             if backend is not None:
                 close_quietly(backend)
-            connection.close()
+            connections[outbox_alias()].close()
 
     # -- registration and heartbeat ------------------------------------------------
 

@@ -21,14 +21,14 @@ from datetime import datetime
 from types import ModuleType
 from typing import Any, NamedTuple
 
-from django.db import DEFAULT_DB_ALIAS, connection, connections
+from django.db import connections
 from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 from django.db.models.functions import Now
 
 from ..conf import outbox_settings
-from ..db import binding_cursor, loaded_instance
-from ..models import Delivery, Email
+from ..db import binding_cursor, loaded_instance, rows_by_name
+from ..models import Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 
@@ -42,16 +42,75 @@ class ClaimedRow(NamedTuple):
     expired: bool = False  # claimed into `cancelled`: drop it, never send it
 
 
+class ClaimColumns(NamedTuple):
+    """What the claim returns (``CLAIM``'s RETURNING), read by column name."""
+
+    email_id: int
+    recipient: str
+    priority: str
+    attempts: int
+    max_attempts: int
+    message_id: str
+    status: str  # cancelled: the claim found the row past its expires_at
+    content: str | None = None  # SQLite's CLAIM_WITH_CONTENT: the email's content, JSON
+
+
+class ContentColumns(NamedTuple):
+    """An email's content as ``EMAIL`` returns it (and SQLite's claim, as JSON keys)."""
+
+    subject: str
+    body: str
+    html_message: str
+    from_email: str
+    reply_to: Any
+    headers: Any
+    mailer: str
+    has_attachments: bool
+    structure: Any
+
+
+class StepColumns(NamedTuple):
+    """A step's row: ``STEP``'s columns, named as ``outbox_step()``'s and ``outbox_steps()``'s.
+
+    The claim's columns are None when nothing was claimed, the content's when
+    the worker has the email cached (or the claim found the row expired).
+    """
+
+    settled: int
+    email_id: int | None
+    recipient: str | None
+    priority: str | None
+    attempts: int | None
+    max_attempts: int | None
+    message_id: str | None
+    subject: str | None
+    body: str | None
+    html_message: str | None
+    from_email: str | None
+    reply_to: Any
+    headers: Any
+    mailer: str | None
+    has_attachments: bool | None
+    claimed_status: str | None
+    structure: Any
+
+
 # The last_error of a row the claim found expired.
 EXPIRED_ERROR = "expired: not sent before its expires_at; cancelled at claim"
 
 
-def _statements() -> ModuleType:
-    """This connection's statements: PostgreSQL's, or SQLite's (which take the clock)."""
-    return postgresql if connection.vendor == "postgresql" else sqlite
+def _db() -> BaseDatabaseWrapper:
+    """This thread's connection to the outbox's database (``outbox_alias``)."""
+    return connections[outbox_alias()]
+
+
+def _statements(db: BaseDatabaseWrapper) -> ModuleType:
+    """The statements of ``db``: PostgreSQL's, or SQLite's (which take the clock)."""
+    return postgresql if db.vendor == "postgresql" else sqlite
 
 
 def _params(
+    db: BaseDatabaseWrapper,
     now: datetime,
     *,
     settle_id: int | None = None,
@@ -61,7 +120,7 @@ def _params(
     token: uuid.UUID | None = None,
     known: int = 0,
 ) -> dict[str, Any]:
-    """The named parameters of the statements above, adapted for this database."""
+    """The named parameters of the statements above, adapted for ``db``."""
     claim_token = Delivery._meta.get_field("claim_token")
     return {
         "sent": Status.SENT,
@@ -69,36 +128,40 @@ def _params(
         "queued": Status.QUEUED,
         "cancelled": Status.CANCELLED,
         "expired": EXPIRED_ERROR,
-        "now": connection.ops.adapt_datetimefield_value(now),
+        "now": db.ops.adapt_datetimefield_value(now),
         "settle_id": settle_id,
-        "settle_token": claim_token.get_db_prep_value(settle_token, connection),
+        "settle_token": claim_token.get_db_prep_value(settle_token, db),
         "claim_id": claim_id,
         "worker": worker,
-        "token": claim_token.get_db_prep_value(token, connection),
+        "token": claim_token.get_db_prep_value(token, db),
         "known": known,
     }
 
 
 def _delivery(
-    pk: int, worker_id: str, token: uuid.UUID, now: datetime, row: Sequence[Any]
+    pk: int,
+    worker_id: str,
+    token: uuid.UUID,
+    now: datetime,
+    row: ClaimColumns | StepColumns,
+    using: str,
 ) -> Delivery:
     """The claimed row as the worker needs it, from the RETURNING columns.
 
     The columns the statements do not return are left as ``Delivery()``
     would set them, except ``not_before``: the row was due at ``now``.
     """
-    email_id, recipient, priority, attempts, max_attempts, message_id = row
     return loaded_instance(
         Delivery,
         {
             "id": pk,
-            "email_id": email_id,
-            "recipient": recipient,
+            "email_id": row.email_id,
+            "recipient": row.recipient,
             "recipient_key": "",
             "status": Status.PROCESSING,
-            "priority": priority,
-            "attempts": attempts,
-            "max_attempts": max_attempts,
+            "priority": row.priority,
+            "attempts": row.attempts,
+            "max_attempts": row.max_attempts,
             "not_before": now,
             "worker_id": worker_id,
             "claim_token": token,
@@ -106,33 +169,34 @@ def _delivery(
             "sent_at": None,
             "server_host": "",  # not returned: written by note_server() before the send
             "server_address": "",
-            "message_id": message_id,
+            "message_id": row.message_id,
             "last_error": "",
             "expires_at": None,
             "idempotency_key": None,
             "created_at": None,
             "updated_at": None,
         },
+        using,
     )
 
 
-def _email_from(pk: int, row: Sequence[Any]) -> Email:
+def _email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
     """The email as the worker needs it, from the content columns the statements return."""
-    subject, body, html_message, from_email, reply_to, headers, mailer, structure = row
     return loaded_instance(
         Email,
         {
             "id": pk,
-            "subject": subject,
-            "body": body,
-            "html_message": html_message,
-            "from_email": from_email,
-            "reply_to": _json(reply_to),
-            "headers": _json(headers),
+            "subject": row.subject,
+            "body": row.body,
+            "html_message": row.html_message,
+            "from_email": row.from_email,
+            "reply_to": _json(row.reply_to),
+            "headers": _json(row.headers),
             "created_at": None,
-            "mailer": mailer,
-            "structure": _json(structure),
+            "mailer": row.mailer,
+            "structure": _json(row.structure),
         },
+        using,
     )
 
 
@@ -142,15 +206,18 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     Returns the claimed row (the fields the worker needs), or None if the row
     was not queued and due.
     """
-    with connection.cursor() as cursor:
+    db = _db()
+    with db.cursor() as cursor:
         cursor.execute(
-            _statements().CLAIM, _params(now, claim_id=pk, worker=worker_id, token=token)
+            _statements(db).CLAIM, _params(db, now, claim_id=pk, worker=worker_id, token=token)
         )
-        row = cursor.fetchone()
-    if row is None:
-        return None
-    expired = row[6] == Status.CANCELLED
-    return ClaimedRow(_delivery(pk, worker_id, token, now, row[:6]), None, False, expired)
+        found = cursor.fetchone()
+        if found is None:
+            return None
+        row = rows_by_name.one(ClaimColumns, cursor, found)
+    expired = row.status == Status.CANCELLED
+    delivery = _delivery(pk, worker_id, token, now, row, db.alias)
+    return ClaimedRow(delivery, None, False, expired)
 
 
 class Step(NamedTuple):
@@ -175,9 +242,9 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
     goes to one of them only). The transaction is atomic: if it fails, no step
     happened, and every thread retries its own with the same tokens. Raises
     DatabaseError. ``db``: the connection to use (the worker's step
-    connection); this thread's own by default.
+    connection); this thread's own to the outbox's database by default.
     """
-    db = db if db is not None else connections[DEFAULT_DB_ALIAS]
+    db = db if db is not None else _db()
     if db.vendor == "sqlite":
         return _steps_sqlite(steps, db)
     if len(steps) == 1:
@@ -190,10 +257,11 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
 def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
     statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(db) as cursor:
-        cursor.execute(statement, _step_params(step))
-        row = cursor.fetchone()
-    assert row is not None  # the SELECT always returns its one row
-    return _step_result(step, row)
+        cursor.execute(statement, _step_params(step, db))
+        found = cursor.fetchone()
+        assert found is not None  # the SELECT always returns its one row
+        row = rows_by_name.one(StepColumns, cursor, found)
+    return _step_result(step, row, db.alias)
 
 
 def _steps_postgresql(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
@@ -213,9 +281,9 @@ def _steps_postgresql(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[St
                 "expired": EXPIRED_ERROR,
             },
         )
-        rows = cursor.fetchall()
+        rows = rows_by_name.all(StepColumns, cursor, cursor.fetchall())
     assert len(rows) == len(steps)  # one row per step, in order
-    return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
+    return [_step_result(step, row, db.alias) for step, row in zip(steps, rows, strict=True)]
 
 
 def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
@@ -226,18 +294,19 @@ def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> l
         cursor.execute("BEGIN")
         try:
             for step in steps:
-                cursor.execute(postgresql.STEP, _step_params(step))
-                rows.append(cursor.fetchone())
+                cursor.execute(postgresql.STEP, _step_params(step, db))
+                rows.append(rows_by_name.one(StepColumns, cursor, cursor.fetchone()))
             cursor.execute("COMMIT")
         except BaseException:
             with contextlib.suppress(Exception):  # the connection may be gone
                 cursor.execute("ROLLBACK")
             raise
-    return [_step_result(step, row) for step, row in zip(steps, rows, strict=True)]
+    return [_step_result(step, row, db.alias) for step, row in zip(steps, rows, strict=True)]
 
 
-def _step_params(step: Step) -> dict[str, Any]:
+def _step_params(step: Step, db: BaseDatabaseWrapper) -> dict[str, Any]:
     return _params(
+        db,
         step.now,
         settle_id=step.settle[0] if step.settle is not None else None,
         settle_token=step.settle[1] if step.settle is not None else None,
@@ -248,18 +317,18 @@ def _step_params(step: Step) -> dict[str, Any]:
     )
 
 
-def _step_result(step: Step, row: Sequence[Any]) -> StepResult:
+def _step_result(step: Step, row: StepColumns, using: str) -> StepResult:
     """A step's row (``outbox_step``'s columns) as the worker needs it."""
-    settled = int(row[0])
-    if row[1] is None:
+    settled = int(row.settled)
+    if row.email_id is None:
         return settled, None
     assert step.claim_id is not None  # a claimed row came back
-    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row[1:7])
-    expired = row[15] == Status.CANCELLED
-    if row[7] is None or expired:
+    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row, using)
+    expired = row.claimed_status == Status.CANCELLED
+    if row.subject is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
-    content = (*row[7:14], row[16])  # the structure column came last
-    return settled, ClaimedRow(delivery, _email_from(row[1], content), bool(row[14]))
+    email = _email_from(row.email_id, row, using)
+    return settled, ClaimedRow(delivery, email, bool(row.has_attachments))
 
 
 def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
@@ -273,20 +342,22 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
     """
     db.ensure_connection()
     raw = db.connection
-    found: list[tuple[int, Any]] = []
+    found: list[tuple[int, ClaimColumns | None]] = []
     with db.wrap_database_errors:
         cursor = raw.cursor()
         cursor.execute("BEGIN IMMEDIATE")
         try:
             for step in steps:
-                params = _step_params(step)
+                params = _step_params(step, db)
                 settled, row = 0, None
                 if step.settle is not None:
                     cursor.execute(_dbapi_text(sqlite.SENT), params)
                     settled = cursor.rowcount
                 if step.claim_id is not None:
                     cursor.execute(_dbapi_text(sqlite.CLAIM_WITH_CONTENT), params)
-                    row = cursor.fetchone()
+                    claimed = cursor.fetchone()
+                    if claimed is not None:
+                        row = rows_by_name.one(ClaimColumns, cursor, claimed)
                 found.append((settled, row))
             cursor.execute("COMMIT")
         except BaseException:
@@ -295,32 +366,36 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
             raise
         finally:
             cursor.close()
-    return [_sqlite_result(step, *result) for step, result in zip(steps, found, strict=True)]
+    return [
+        _sqlite_result(step, settled, row, db.alias)
+        for step, (settled, row) in zip(steps, found, strict=True)
+    ]
 
 
-def _sqlite_result(step: Step, settled: int, row: Sequence[Any] | None) -> StepResult:
+def _sqlite_result(step: Step, settled: int, row: ClaimColumns | None, using: str) -> StepResult:
     if row is None:
         return settled, None
     assert step.claim_id is not None
-    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row[:6])
-    expired = row[6] == Status.CANCELLED
-    if row[7] is None or expired:
+    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row, using)
+    expired = row.status == Status.CANCELLED
+    if row.content is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
-    content = json.loads(row[7])
-    email = _email_from(row[0], (*content[:7], content[8]))
-    return settled, ClaimedRow(delivery, email, bool(content[7]))
+    content = ContentColumns(**json.loads(row.content))  # a JSON object: by key
+    email = _email_from(row.email_id, content, using)
+    return settled, ClaimedRow(delivery, email, bool(content.has_attachments))
 
 
 @functools.cache
 def _dbapi_text(template: str) -> str:
     # The DB-API's own placeholders (:name), as Django's SQLite cursor would write them.
-    names = _params(datetime(2000, 1, 1)).keys()
+    names = _params(_db(), datetime(2000, 1, 1)).keys()
     return template % {name: f":{name}" for name in names}
 
 
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
-    with connection.cursor() as cursor:
-        cursor.execute(_statements().SENT, _params(now, settle_id=pk, settle_token=token))
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_statements(db).SENT, _params(db, now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
@@ -363,22 +438,24 @@ def note_server(pk: int, token: uuid.UUID, host: str, address: str) -> int:
 
 def load_email(email_id: int) -> tuple[Email, bool]:
     """The email's content and whether it has attachments, in one query."""
-    with connection.cursor() as cursor:
-        cursor.execute(_statements().EMAIL, [email_id])
-        row = cursor.fetchone()
-    if row is None:
-        raise Email.DoesNotExist(f"email {email_id} is gone")
-    return _email_from(email_id, (*row[:7], row[8])), bool(row[7])
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(_statements(db).EMAIL, [email_id])
+        found = cursor.fetchone()
+        if found is None:
+            raise Email.DoesNotExist(f"email {email_id} is gone")
+        row = rows_by_name.one(ContentColumns, cursor, found)
+    return _email_from(email_id, row, db.alias), bool(row.has_attachments)
 
 
 def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:
     """The queue entry of a row that is queued but not yet due, else None."""
     row = (
         Delivery.objects.filter(pk=pk, status=Status.QUEUED, not_before__gt=due_clock(redis_now))
-        .values_list("priority", "not_before")
+        .values("priority", "not_before")
         .first()
     )
-    return QueueEntry(pk, row[0], row[1].timestamp()) if row is not None else None
+    return QueueEntry(pk, row["priority"], row["not_before"].timestamp()) if row else None
 
 
 def _json(value: Any) -> Any:
@@ -392,4 +469,4 @@ def due_clock(redis_now: datetime) -> Now | datetime:
     The same rule as the statements': the database's clock on PostgreSQL,
     Redis time (passed in) on SQLite.
     """
-    return Now() if connection.vendor == "postgresql" else redis_now
+    return Now() if _db().vendor == "postgresql" else redis_now

@@ -5,8 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, DatabaseError, connections
+from django.db import DatabaseError, connections
 
+from ...models import outbox_alias
 from ...statements.functions import create_functions, function_states
 
 
@@ -25,12 +26,12 @@ class Command(BaseCommand):
         )
         parser.add_argument(
             "--database",
-            default=DEFAULT_DB_ALIAS,
-            help="The database alias (default: 'default').",
+            default=None,
+            help="The database alias (default: the outbox's, as the routers give it).",
         )
 
     def handle(self, *args: Any, **options: Any) -> None:
-        alias = options["database"]
+        alias = options["database"] or outbox_alias()
         if alias not in connections:
             raise CommandError(f"No database {alias!r} in DATABASES.")
         connection = connections[alias]

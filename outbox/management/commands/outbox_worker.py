@@ -23,9 +23,9 @@ from typing import Any
 
 from django.core.checks import Tags
 from django.core.management.base import BaseCommand, CommandError, CommandParser
-from django.db import DEFAULT_DB_ALIAS, connections
+from django.db import connections
 
-from ...models import Delivery
+from ...models import Delivery, outbox_alias
 from ...worker import Worker
 from ...worker.supervisor import Supervisor, child_command
 
@@ -134,7 +134,7 @@ class Command(BaseCommand):
             # whose every step would fail refuses to start instead.
             self.check(
                 tags=[Tags.database],
-                databases=[DEFAULT_DB_ALIAS],
+                databases=[outbox_alias()],
                 include_deployment_checks=True,
             )
             connections.close_all()  # no connection may cross the supervisor's fork
