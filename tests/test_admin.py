@@ -246,7 +246,12 @@ def search_queries(admin_client, term: str) -> list[str]:
     with CaptureQueriesContext(connection) as captured:
         response = admin_client.get(reverse(CHANGELIST), {"q": term})
     assert response.status_code == 200
-    return [q["sql"] for q in captured.captured_queries if "recipient_key" in q["sql"]]
+    # The paginator's own EXPLAIN (its estimate of a long list's count) is left out.
+    return [
+        q["sql"]
+        for q in captured.captured_queries
+        if "recipient_key" in q["sql"] and not q["sql"].lstrip().upper().startswith("EXPLAIN")
+    ]
 
 
 def plan_nodes(sql: str) -> list[dict[str, Any]]:
