@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
+from ..compat.django import mark_saved
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance
 from ..models import Delivery, Email
@@ -135,8 +136,7 @@ def insert_postgresql(
             returned = cursor.fetchall()
     email.pk = returned[0][1]
     now = email.created_at = returned[0][4]  # the database's now(), which the rows hold
-    email._state.adding = False
-    email._state.db = using
+    mark_saved(email, using)
     ids = {message_id: pk for pk, _email, message_id, _why, _now in returned}
     reasons = {message_id: why for _pk, _email, message_id, why, _now in returned}
     why = [reasons[m] for m in message_ids]
@@ -265,8 +265,7 @@ def insert_many(
     ids = {message_id: pk for pk, _email, message_id, _now in returned}
     deliveries = []
     for email, r in zip(emails, rows, strict=True):
-        email._state.adding = False
-        email._state.db = using
+        mark_saved(email, using)
         deliveries.append(
             _deliveries(
                 r.prepared,
