@@ -239,9 +239,9 @@ def test_no_private_use_of_a_library_outside_compat():
     ],
 )
 def test_the_check_finds_each_kind_of_private_use(source):
-    assert _private_uses(source, "probe.py", own=set()), f"not found: {source}"
+    assert _private_uses(source, "<probe>", own=set()), f"not found: {source}"
 
 
 def test_the_check_leaves_public_and_own_names_alone():
     source = "self._x = 1\nos._exit(1)\nrow._replace(a=1)\nModel._meta.fields\nobj._mine()\n"
-    assert _private_uses(source, "probe.py", own={"_mine"}) == []
+    assert _private_uses(source, "<probe>", own={"_mine"}) == []

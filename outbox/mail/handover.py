@@ -79,7 +79,7 @@ class _Handover:
 def handover_server(backend: BaseEmailBackend) -> Server | None:
     """The server the open ``backend`` hands its messages to, or None if not known.
 
-    For an SMTP connection instrumented by :func:`watch_handover`: the
+    For an SMTP connection watched by :func:`watch_handover`: the
     server it greeted us as, and its peer address. For the outbox's
     ``SendmailBackend``: this host (its local MTA, whose log names this
     host). Other backends (an HTTP API) are not known.
@@ -94,7 +94,7 @@ def handover_server(backend: BaseEmailBackend) -> Server | None:
 def server_of(connection: smtplib.SMTP) -> Server:
     """The server an open smtplib connection reached (public attributes only).
 
-    The greeting is the one :func:`bound_send_time`'s connections keep from
+    The greeting is the one a :class:`HandoverSMTP` connection keeps from
     ``SMTP.connect()``; a connection opened otherwise is named by its EHLO
     or HELO reply (``ehlo_resp``, ``helo_resp``), whose first word is the
     server's host name too.
