@@ -349,7 +349,7 @@ def test_a_watched_connection_names_the_server_of_its_greeting(settings, relay_a
 
 
 def test_a_connection_opened_elsewhere_is_named_by_its_ehlo_reply(relay_a):
-    """No greeting kept (not opened through bound_send_time): the EHLO reply's host."""
+    """No greeting kept (a plain smtplib connection): the EHLO reply's host."""
     with smtplib.SMTP("127.0.0.1", relay_a.port, timeout=5) as client:
         client.ehlo()
         assert server_of(client) == Server("relay-a.test", f"127.0.0.1:{relay_a.port}")

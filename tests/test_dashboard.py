@@ -257,7 +257,9 @@ def test_install_is_idempotent_and_works_on_another_site():
     dashboard.install(site)
     assert site.get_urls is get_urls
     assert any(getattr(p, "name", None) == "outbox_dashboard" for p in site.get_urls())
-    assert getattr(admin.site, "_outbox_dashboard_installed", False)
+    from outbox.compat.django import is_extended
+
+    assert is_extended(admin.site)
 
 
 # -- the cost of a render ------------------------------------------------------------
@@ -332,3 +334,24 @@ def test_age():
     assert age(185) == "3 min 5 s"
     assert age(7800) == "2 h 10 min"
     assert age(3 * 86400 + 4 * 3600 + 5) == "3 d 4 h"
+
+
+def test_a_site_class_with_the_mixin_has_the_dashboard_through_its_own_hooks(rf, admin_user):
+    from outbox.admin import DashboardSiteMixin
+    from outbox.compat.django import is_extended
+
+    class Site(DashboardSiteMixin, AdminSite):
+        pass
+
+    # Named as the routed site, so that the app list's links reverse.
+    site = Site(name="admin")
+    site.register(Delivery)
+    dashboard.install(site)  # nothing to do: the class has it
+
+    assert not is_extended(site)
+    names = [getattr(p, "name", None) for p in site.get_urls()]
+    assert names[:2] == ["outbox_dashboard", "outbox_control"]
+    request = rf.get("/")
+    request.user = admin_user
+    outbox_app = next(a for a in site.get_app_list(request) if a["app_label"] == "outbox")
+    assert outbox_app["models"][0]["object_name"] == "Dashboard"

@@ -18,7 +18,7 @@ import redis
 from redis.sentinel import Sentinel
 
 from outbox.queue import QueueEntry, RedisQueue
-from outbox.queue.direct import DirectConnections, _pack, direct_connections
+from outbox.queue.direct import DirectConnections, direct_connections
 
 
 @pytest.fixture
@@ -137,16 +137,6 @@ def test_clients_whose_pool_knows_more_keep_the_client_path():
     sentinel = Sentinel([("127.0.0.1", 1)])  # no connection is made to build the client
     assert direct_connections(sentinel.master_for("mymaster")) is None
     assert direct_connections(redis.Redis(host="127.0.0.1")) is not None
-
-
-def test_commands_are_written_in_resp():
-    assert _pack(("EVALSHA", "ab", 1, "{o}:q", 0, "1.500000")) == (
-        b"*6\r\n$7\r\nEVALSHA\r\n$2\r\nab\r\n$1\r\n1\r\n$5\r\n{o}:q\r\n$1\r\n0\r\n"
-        b"$8\r\n1.500000\r\n"
-    )
-    assert _pack(("SET", "k", "é")) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$2\r\n\xc3\xa9\r\n"
-    with pytest.raises(TypeError, match="float"):
-        _pack(("SET", "k", 1.5))  # type: ignore[arg-type]
 
 
 def test_a_stalled_redis_times_out_once_not_again_through_the_client(redis_server):

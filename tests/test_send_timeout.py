@@ -17,6 +17,7 @@ hanging the suite; stopping the server afterwards frees the thread.
 
 from __future__ import annotations
 
+import smtplib
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.core.mail.backends import smtp
 
 from outbox import enqueue_email
 from outbox.conf import outbox_settings
@@ -296,6 +298,57 @@ def test_a_trickled_reply_to_the_final_dot_is_in_doubt_after_send_timeout(settin
     assert isinstance(outcome.error, AmbiguousDeliveryError)
     assert classify(outcome.error) is FailureKind.AMBIGUOUS
     assert message_id in str(outcome.error)
+    assert server.count() == 1
+    backend.close()
+
+
+class CountingSMTP(smtplib.SMTP):
+    """A project's own smtplib class, given by its backend's ``connection_class``."""
+
+    made = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        CountingSMTP.made += 1
+        super().__init__(*args, **kwargs)
+
+
+class ProjectSMTPBackend(smtp.EmailBackend):
+    """A project's subclass of Django's SMTP backend, with overrides of its own."""
+
+    opened = 0
+
+    @property
+    def connection_class(self) -> Any:
+        return CountingSMTP
+
+    def open(self) -> bool | None:
+        ProjectSMTPBackend.opened += 1
+        return super().open()
+
+
+def test_a_projects_smtp_backend_subclass_keeps_its_overrides_and_is_bounded(settings, trickled):
+    server, proxy = trickled
+    use_delivery(
+        settings,
+        "tests.test_send_timeout.ProjectSMTPBackend",
+        {"host": "127.0.0.1", "port": proxy.port},
+        SEND_TIMEOUT=SEND_TIMEOUT,
+    )
+    backend = get_delivery_connection()
+    assert isinstance(backend, ProjectSMTPBackend)
+    assert type(backend).__name__ == "ProjectSMTPBackend"
+    made, opened = CountingSMTP.made, ProjectSMTPBackend.opened
+    backend.open()
+    watch_handover(backend)
+    assert isinstance(backend.connection, CountingSMTP)
+    assert (CountingSMTP.made, ProjectSMTPBackend.opened) == (made + 1, opened + 1)
+    proxy.trickle(TRICKLE, after=END_OF_DATA)
+
+    outcome = bounded(lambda: backend.send_messages([message()]))
+
+    # Bounded as a whole, and in doubt after the final dot, as Django's own class is.
+    assert SEND_TIMEOUT * 0.9 <= outcome.elapsed < WHOLE
+    assert isinstance(outcome.error, AmbiguousDeliveryError)
     assert server.count() == 1
     backend.close()
 

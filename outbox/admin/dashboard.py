@@ -20,8 +20,9 @@ PostgreSQL, once there are :data:`outbox.status.snapshot.ESTIMATE_ABOVE` of them
 the planner's estimate, marked "≈" on the page. Everything else is exact, and
 the page says which is which.
 
-:func:`install` adds the page to an :class:`~django.contrib.admin.AdminSite`
-(``outbox.admin`` installs it on the default site): its URL, and a
+:class:`DashboardSiteMixin` adds the page to a project's own
+:class:`~django.contrib.admin.AdminSite` class, and :func:`install` to a site
+instance (``outbox.admin`` installs it on the default site): its URL, and a
 "Dashboard" row in the outbox section of the app list. Only staff who may view
 deliveries see either; anyone else gets 403. The buttons' URL
 (``outbox/dashboard/control/``) takes POSTs from staff who may change
@@ -30,7 +31,6 @@ deliveries only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -47,6 +47,7 @@ from django.utils import timezone
 from django.utils.http import urlencode
 from django.utils.translation import gettext, ngettext
 
+from ..compat.django import extend_admin_site
 from ..models import Delivery
 from ..queue.reliable import RedisQueue
 from ..status import snapshot as status
@@ -311,16 +312,8 @@ def _app_list_entry(site: AdminSite) -> dict[str, Any]:
     }
 
 
-def install(site: AdminSite) -> None:
-    """Add the dashboard to ``site``: its URL, and a row in the outbox section of the app list.
-
-    Wraps the site's ``get_urls`` and ``get_app_list`` on this instance only;
-    calling it twice changes nothing.
-    """
-    if getattr(site, "_outbox_dashboard_installed", False):
-        return
-    original_urls: Callable[[], list[URLPattern | URLResolver]] = site.get_urls
-    original_app_list: Callable[..., list[dict[str, Any]]] = site.get_app_list
+def dashboard_urls(site: AdminSite) -> list[URLPattern | URLResolver]:
+    """The dashboard's two URLs on ``site``: the page and its buttons."""
 
     def view(request: HttpRequest) -> TemplateResponse:
         return dashboard_view(request, site)
@@ -328,22 +321,58 @@ def install(site: AdminSite) -> None:
     def control(request: HttpRequest) -> HttpResponseBase:
         return dashboard_control.control_view(request, site, back_to=URL_NAME)
 
-    def get_urls() -> list[URLPattern | URLResolver]:
-        page = path("outbox/dashboard/", site.admin_view(view), name=URL_NAME)
-        buttons = path(
-            "outbox/dashboard/control/",
-            site.admin_view(control),
-            name=dashboard_control.URL_NAME,
-        )
-        return [page, buttons, *original_urls()]
+    page = path("outbox/dashboard/", site.admin_view(view), name=URL_NAME)
+    buttons = path(
+        "outbox/dashboard/control/",
+        site.admin_view(control),
+        name=dashboard_control.URL_NAME,
+    )
+    return [page, buttons]
 
-    def get_app_list(request: HttpRequest, app_label: str | None = None) -> list[dict[str, Any]]:
-        app_list = original_app_list(request, app_label)
-        for app in app_list:
-            if app["app_label"] == Delivery._meta.app_label and can_view(request):
-                app["models"].insert(0, _app_list_entry(site))
-        return app_list
 
-    site.get_urls = get_urls  # type: ignore[method-assign]
-    site.get_app_list = get_app_list  # type: ignore[method-assign]
-    site._outbox_dashboard_installed = True  # type: ignore[attr-defined]
+def with_dashboard_entry(
+    site: AdminSite, request: HttpRequest, app_list: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """``app_list`` with a Dashboard row first in the outbox's section, for those who may view it."""
+    for app in app_list:
+        if app["app_label"] == Delivery._meta.app_label and can_view(request):
+            app["models"].insert(0, _app_list_entry(site))
+    return app_list
+
+
+class DashboardSiteMixin:
+    """Put before ``AdminSite`` in a project's own site class: the site gets the dashboard.
+
+    ``class MySite(DashboardSiteMixin, AdminSite)``: its URL and the
+    Dashboard row of the app list, through the site's own hooks
+    (``get_urls``, ``get_app_list``).
+    """
+
+    def get_urls(self) -> list[URLPattern | URLResolver]:
+        site: AdminSite = self  # type: ignore[assignment]
+        return [*dashboard_urls(site), *super().get_urls()]  # type: ignore[misc]
+
+    def get_app_list(
+        self, request: HttpRequest, app_label: str | None = None
+    ) -> list[dict[str, Any]]:
+        site: AdminSite = self  # type: ignore[assignment]
+        entries = super().get_app_list(request, app_label)  # type: ignore[misc]
+        return with_dashboard_entry(site, request, entries)
+
+
+def install(site: AdminSite) -> None:
+    """Add the dashboard to the site instance ``site`` (``outbox.admin`` does so for the default one).
+
+    A site whose class has :class:`DashboardSiteMixin` has it already.
+    Another site's ``get_urls`` and ``get_app_list`` are wrapped on this
+    instance (:func:`outbox.compat.django.extend_admin_site`: Django has no
+    public way to add a view to a site the app did not create); calling it
+    twice changes nothing.
+    """
+    if isinstance(site, DashboardSiteMixin):
+        return
+    extend_admin_site(
+        site,
+        urls=lambda: dashboard_urls(site),
+        app_list=lambda request, entries: with_dashboard_entry(site, request, entries),
+    )

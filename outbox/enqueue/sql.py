@@ -19,6 +19,7 @@ from typing import Any, NamedTuple
 
 from django.db import connections, transaction
 
+from ..compat.django import mark_saved
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance, rows_by_name
 from ..models import Delivery, Email
@@ -147,8 +148,7 @@ def insert_postgresql(
     now = returned[0].now  # the database's now(), which the rows hold
     assert now is not None  # every PostgreSQL enqueue statement returns it
     email.created_at = now
-    email._state.adding = False
-    email._state.db = using
+    mark_saved(email, using)
     ids = {row.message_id: row.id for row in returned}
     reasons = {row.message_id: row.last_error for row in returned}
     why = [reasons[m] for m in message_ids]
@@ -301,8 +301,7 @@ def insert_many(
     ids = {row.message_id: row.id for row in returned}
     deliveries = []
     for email, r in zip(emails, rows, strict=True):
-        email._state.adding = False
-        email._state.db = using
+        mark_saved(email, using)
         deliveries.append(
             _deliveries(
                 r.prepared,

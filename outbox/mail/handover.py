@@ -1,6 +1,6 @@
 """The SMTP hand-over: when a failure is in doubt, and how long a send may take.
 
-:func:`watch_handover` instruments one ``smtplib.SMTP`` connection so that a
+:func:`watch_handover` turns on the watch of one :class:`HandoverSMTP` connection so that a
 failure after the whole message was handed over (after SMTP's final ``.``,
 before the server's reply) is raised as
 :class:`~outbox.exceptions.AmbiguousDeliveryError`: the server may have the
@@ -8,11 +8,14 @@ message, and resending it could deliver it twice. The worker calls it after
 every successful ``backend.open()``; it is re-exported as
 ``outbox.backends.watch_handover``, its documented home.
 
-:func:`bound_send_time` makes ``OUTBOX["SEND_TIMEOUT"]`` bound the whole of
-each call of Django's SMTP backend (``open()``, ``send_messages()``,
+:func:`bounded_backend_class` makes ``OUTBOX["SEND_TIMEOUT"]`` bound the whole
+of each call of Django's SMTP backend (``open()``, ``send_messages()``,
 ``close()``), not each wait on the server: a server that answers one byte at
-a time cannot hold a sender thread, or SIGTERM, for longer than that.
-:func:`watch_handover` applies it too.
+a time cannot hold a sender thread, or SIGTERM, for longer than that. The
+outbox creates every delivery backend from it (:mod:`outbox.mail.targets`,
+:mod:`outbox.mail.mailers`). Both use only public extension points: a subclass
+of the configured backend class, and a subclass of its ``smtplib`` class given
+to it through Django's ``connection_class``; no instance is changed.
 
 :func:`handover_server` says where a connection hands its messages over:
 the server's greeting host name and the peer address. A pool of relays
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import email.parser
 import email.policy
+import functools
 import io
 import math
 import smtplib
@@ -32,7 +36,7 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
@@ -43,13 +47,7 @@ from .sendmail import SendmailBackend
 
 # What smtplib.SMTP.data() writes last: the body ends in CRLF, then "." CRLF.
 _END_OF_DATA = b"\r\n.\r\n"
-# Marks an smtplib connection that watch_handover() already instrumented.
-_WATCHED = "_outbox_watch_handover"
-# The text of the server's 220 greeting, kept by _connect().
-_GREETING = "_outbox_greeting"
-
-_Send = Callable[[bytes | str], None]
-_Data = Callable[[bytes | str], tuple[int, bytes]]
+_B = TypeVar("_B", bound=BaseEmailBackend)
 
 
 @dataclass(frozen=True)
@@ -81,27 +79,29 @@ class _Handover:
 def handover_server(backend: BaseEmailBackend) -> Server | None:
     """The server the open ``backend`` hands its messages to, or None if not known.
 
-    For an SMTP connection instrumented by :func:`watch_handover`: the
+    For an SMTP connection watched by :func:`watch_handover`: the
     server it greeted us as, and its peer address. For the outbox's
     ``SendmailBackend``: this host (its local MTA, whose log names this
     host). Other backends (an HTTP API) are not known.
     """
     if isinstance(backend, SendmailBackend):
         return Server(socket.gethostname()[:253])
-    state = getattr(getattr(backend, "connection", None), _WATCHED, None)
-    return state.server if isinstance(state, _Handover) else None
+    connection = getattr(backend, "connection", None)
+    state = connection.outbox_handover if isinstance(connection, HandoverSMTP) else None
+    return state.server if state is not None else None
 
 
 def server_of(connection: smtplib.SMTP) -> Server:
     """The server an open smtplib connection reached (public attributes only).
 
-    The greeting is the one :func:`bound_send_time`'s connections keep from
+    The greeting is the one a :class:`HandoverSMTP` connection keeps from
     ``SMTP.connect()``; a connection opened otherwise is named by its EHLO
     or HELO reply (``ehlo_resp``, ``helo_resp``), whose first word is the
     server's host name too.
     """
     host = ""
-    for reply in (getattr(connection, _GREETING, None), connection.ehlo_resp, connection.helo_resp):
+    greeting = connection.outbox_greeting if isinstance(connection, HandoverSMTP) else None
+    for reply in (greeting, connection.ehlo_resp, connection.helo_resp):
         host = _first_word(reply)
         if host:
             break
@@ -138,66 +138,37 @@ def watch_handover(backend: BaseEmailBackend, fence: Callable[[], bool] | None =
     and declared dead meanwhile must not hand over a row the sweeper flagged.
 
     The worker calls this right after every successful ``backend.open()``.
-    When ``backend.connection`` is an :class:`smtplib.SMTP` (Django's stock
-    SMTP backend, ``SMTP_SSL`` included), that one instance (not the class)
-    is instrumented: its ``send`` notes when the end of the message
-    (``CRLF . CRLF``) was written during ``data()``, and its ``data``
-    re-raises any error after that point as ``AmbiguousDeliveryError``
-    ``from`` the original: the connection cut (``SMTPServerDisconnected``),
-    the reply timed out (smtplib turns that into ``SMTPServerDisconnected``
-    too), or an unreadable reply (``SMTPResponseException``). A reply that is
-    not a clear answer (anything but 250 or a 4xx/5xx code) is in doubt as
-    well. A 4xx or 5xx reply to the final dot is a clear refusal and stays
-    what it is, as does every failure before the body was complete: a
-    connection refused, the greeting, authentication, MAIL, RCPT, the DATA
-    command, or a write that did not finish.
+    It acts on a ``backend.connection`` made by :class:`HandoverSMTP` (every
+    Django SMTP backend, ``SMTP_SSL`` and a project's subclass included, that
+    the outbox creates: :func:`bounded_backend_class`): its ``send`` notes
+    when the end of the message (``CRLF . CRLF``) was written during
+    ``data()``, and its ``data`` re-raises any error after that point as
+    ``AmbiguousDeliveryError`` ``from`` the original: the connection cut
+    (``SMTPServerDisconnected``), the reply timed out (smtplib turns that
+    into ``SMTPServerDisconnected`` too), or an unreadable reply
+    (``SMTPResponseException``). A reply that is not a clear answer (anything
+    but 250 or a 4xx/5xx code) is in doubt as well. A 4xx or 5xx reply to the
+    final dot is a clear refusal and stays what it is, as does every failure
+    before the body was complete: a connection refused, the greeting,
+    authentication, MAIL, RCPT, the DATA command, or a write that did not
+    finish.
 
     The state is reset for each message. The error passes through Django's
     backend even with ``fail_silently`` (which swallows only
     ``smtplib.SMTPException``): an ambiguous send must not look unsent.
-    Calling it again on the same connection does nothing; a backend without
-    an smtplib connection is left alone.
+    Calling it again on the same connection does nothing. Any other backend,
+    or an smtplib connection the outbox did not make, is left alone, like an
+    HTTP API: fenced only before the send starts.
     """
     connection = getattr(backend, "connection", None)
-    if not isinstance(connection, smtplib.SMTP) or getattr(connection, _WATCHED, None):
+    if not isinstance(connection, HandoverSMTP) or connection.outbox_handover is not None:
         return
-    # A backend created without bound_send_time(): its later calls are bounded
-    # from now on, and this connection's remaining waits.
-    budget = bound_send_time(backend)
-    if budget is not None:
-        bound_connection(connection, budget)
     state = _Handover()
     state.fence = fence
     state.server = server_of(connection)
     if fence is not None:
         _send_small_writes_at_once(connection)
-    # Instance attributes shadow the class's methods for this connection only;
-    # smtplib calls them as self.send / self.data.
-    setattr(connection, "send", _watching_send(connection, connection.send, state))  # noqa: B010
-    setattr(connection, "data", _watching_data(connection.data, state))  # noqa: B010
-    setattr(connection, _WATCHED, state)
-
-
-def _watching_send(connection: smtplib.SMTP, original_send: _Send, state: _Handover) -> _Send:
-    """``send`` that notes in ``state`` when the end of the message was written."""
-
-    def send(s: bytes | str) -> None:
-        ends = state.in_data and _tail(s) == _END_OF_DATA
-        if ends and state.fence is not None:
-            # smtplib writes the body and the final ".\r\n" in one call: split
-            # them, so that the fence is asked as late as it can be.
-            original_send(s[:-3])
-            if not state.fence():
-                connection.close()
-                raise SendFencedError("the lease ran out before the final dot; not handed over")
-            s = s[-3:]
-        original_send(s)
-        # Only once send() returned did the kernel take every byte: a write
-        # that failed part-way cannot have delivered the final dot.
-        if ends:
-            state.handed_over = True
-
-    return send
+    connection.outbox_handover = state
 
 
 def _send_small_writes_at_once(connection: smtplib.SMTP) -> None:
@@ -222,32 +193,6 @@ def _tail(s: bytes | str) -> bytes:
     return s[-5:].encode("ascii", "replace") if isinstance(s, str) else bytes(s[-5:])
 
 
-def _watching_data(original_data: _Data, state: _Handover) -> _Data:
-    """``data`` that raises AmbiguousDeliveryError for a failure after the hand-over."""
-
-    def data(msg: bytes | str) -> tuple[int, bytes]:
-        state.in_data, state.handed_over = True, False
-        try:
-            code, reply = original_data(msg)
-        except Exception as exc:
-            if state.handed_over:
-                raise AmbiguousDeliveryError(
-                    f"no reply after the message was handed over: {type(exc).__name__}: {exc}",
-                    message_id=_message_id(msg),
-                ) from exc
-            raise
-        finally:
-            state.in_data = False
-        if state.handed_over and code != 250 and not 400 <= code < 600:
-            raise AmbiguousDeliveryError(
-                f"unclear reply after the message was handed over: {code} {reply!r}",
-                message_id=_message_id(msg),
-            )
-        return code, reply
-
-    return data
-
-
 def _message_id(msg: bytes | str) -> str | None:
     """The Message-ID header of a raw message, for the attempt log."""
     try:
@@ -268,9 +213,6 @@ def _message_id(msg: bytes | str) -> str | None:
 # is left as its socket timeout. Past the deadline a read or write fails as a
 # socket timeout does there, so it is classified the same way: before the final
 # dot a retryable failure, after it a message in doubt (watch_handover).
-
-# Marks an smtplib connection whose waits are bounded.
-_BOUNDED = "_outbox_send_budget"
 
 
 class _Budget:
@@ -305,28 +247,146 @@ class _Budget:
         return True
 
 
-class _BoundedSMTPBackend:
-    """Put before Django's SMTP backend class (or a subclass): each call gets a deadline."""
+class HandoverSMTP(smtplib.SMTP):
+    """An ``smtplib.SMTP`` whose waits share its backend's deadline and that watches the hand-over.
 
-    _outbox_budget: _Budget
+    Django's SMTP backend creates its connections from ``connection_class``;
+    the outbox's backend classes (:func:`bounded_backend_class`) give it
+    this class put before whatever class the backend would use
+    (:func:`handover_connection_class`: ``SMTP``, ``SMTP_SSL`` or a
+    project's own subclass). Every wait on the server gets the time the
+    backend's current call has left, at most the connection's own
+    ``timeout``: the connect (for SMTP_SSL the handshake too; smtplib opens
+    the socket with ``self.timeout``), each write (:meth:`send`) and each
+    read of a reply (:meth:`getreply` reads through :class:`_BoundedReader`).
+    After :func:`watch_handover`, :meth:`send` and :meth:`data` also note
+    the hand-over and ask the fence.
+    """
+
+    # Set by watch_handover(): where data() is, and the fence.
+    outbox_handover: _Handover | None = None
+    # The text of the server's 220 greeting, kept by connect() (handover_server).
+    outbox_greeting: bytes | None = None
+
+    def __init__(self, *args: Any, outbox_budget: _Budget | None = None, **kwargs: Any) -> None:
+        # Before smtplib's __init__, which connects when given a host.
+        self.outbox_budget = outbox_budget if outbox_budget is not None else _Budget()
+        super().__init__(*args, **kwargs)
+
+    def _outbox_per_wait(self) -> float | None:
+        timeout = self.timeout
+        return float(timeout) if _is_seconds(timeout) else socket.getdefaulttimeout()
+
+    def connect(
+        self, host: str = "localhost", port: int = 0, source_address: Any = None
+    ) -> tuple[int, bytes]:
+        # smtplib opens the socket (and SMTP_SSL shakes hands) with self.timeout;
+        # None is "no limit" there, as for socket.create_connection.
+        own = self.timeout
+        self.timeout = self.outbox_budget.wait(self._outbox_per_wait())  # type: ignore[assignment]
+        try:
+            code, message = super().connect(host, port, source_address)
+        finally:
+            self.timeout = own
+        # Which server this is (handover_server): its greeting names it.
+        self.outbox_greeting = message
+        return code, message
+
+    def send(self, s: bytes | str) -> None:  # type: ignore[override]
+        if self.sock is not None:
+            try:
+                self.sock.settimeout(self.outbox_budget.wait(self._outbox_per_wait()))
+            except TimeoutError as exc:
+                self.close()  # as smtplib does when a write times out
+                raise smtplib.SMTPServerDisconnected(str(exc)) from exc
+        state = self.outbox_handover
+        if state is None or not state.in_data:
+            return super().send(s)
+        ends = _tail(s) == _END_OF_DATA
+        if ends and state.fence is not None:
+            # smtplib writes the body and the final ".\r\n" in one call: split
+            # them, so that the fence is asked as late as it can be.
+            super().send(s[:-3])
+            if not state.fence():
+                self.close()
+                raise SendFencedError("the lease ran out before the final dot; not handed over")
+            s = s[-3:]
+        super().send(s)
+        # Only once send() returned did the kernel take every byte: a write
+        # that failed part-way cannot have delivered the final dot.
+        if ends:
+            state.handed_over = True
+
+    def getreply(self) -> tuple[int, bytes]:
+        # smtplib makes its reader only when it has none (after connect and
+        # STARTTLS it has none): this one bounds each read.
+        if self.file is None and self.sock is not None:
+            bounded = _BoundedReader(self.sock, self.outbox_budget, self._outbox_per_wait())
+            self.file = io.BufferedReader(bounded)
+        return super().getreply()
+
+    def data(self, msg: bytes | str) -> tuple[int, bytes]:  # type: ignore[override]
+        state = self.outbox_handover
+        if state is None:
+            return super().data(msg)
+        state.in_data, state.handed_over = True, False
+        try:
+            code, reply = super().data(msg)
+        except Exception as exc:
+            if state.handed_over:
+                raise AmbiguousDeliveryError(
+                    f"no reply after the message was handed over: {type(exc).__name__}: {exc}",
+                    message_id=_message_id(msg),
+                ) from exc
+            raise
+        finally:
+            state.in_data = False
+        if state.handed_over and code != 250 and not 400 <= code < 600:
+            raise AmbiguousDeliveryError(
+                f"unclear reply after the message was handed over: {code} {reply!r}",
+                message_id=_message_id(msg),
+            )
+        return code, reply
+
+
+_connection_classes: dict[type, type] = {}
+
+
+def handover_connection_class(base: type[smtplib.SMTP]) -> type[HandoverSMTP]:
+    """:class:`HandoverSMTP` put before ``base`` (same name), made once per class."""
+    if issubclass(base, HandoverSMTP):
+        return base
+    made = _connection_classes.get(base)
+    if made is None:
+        namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__}
+        made = type(base.__name__, (HandoverSMTP, base), namespace)
+        made = _connection_classes.setdefault(base, made)
+    return made
+
+
+class BoundedSMTPBackend(SMTPBackend):
+    """Put before Django's SMTP backend class (or a subclass): each call gets a deadline.
+
+    Never used as it is: :func:`bounded_backend_class` puts it before the
+    class a project configured, so that the project's own overrides stay.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self.outbox_budget = _Budget()
+        super().__init__(*args, **kwargs)
 
     @property
-    def connection_class(self) -> Callable[..., smtplib.SMTP]:
-        base = super().connection_class  # type: ignore[misc]
-        budget = self._outbox_budget
-
-        def connect(host: str, port: int, **params: Any) -> smtplib.SMTP:
-            return _connect(base, budget, host, port, params)
-
-        return connect
+    def connection_class(self) -> Callable[..., smtplib.SMTP]:  # type: ignore[override]
+        made = handover_connection_class(super().connection_class)
+        return functools.partial(made, outbox_budget=self.outbox_budget)
 
     def open(self) -> bool | None:
-        budget = self._outbox_budget
+        budget = self.outbox_budget
         started = time.monotonic()
         if not budget.start():
-            return super().open()  # type: ignore[misc]
+            return super().open()
         try:
-            opened: bool | None = super().open()  # type: ignore[misc]
+            opened: bool | None = super().open()
         finally:
             budget.deadline = None
         if opened:
@@ -334,116 +394,62 @@ class _BoundedSMTPBackend:
         return opened
 
     def send_messages(self, email_messages: Sequence[Any]) -> int:
-        budget = self._outbox_budget
+        budget = self.outbox_budget
         if not budget.start(spent=budget.spent):
-            return super().send_messages(email_messages)  # type: ignore[misc]
+            return super().send_messages(email_messages)
         budget.spent = 0.0
         try:
-            return super().send_messages(email_messages)  # type: ignore[misc]
+            return super().send_messages(email_messages)
         finally:
             budget.deadline = None
 
     def close(self) -> None:
-        budget = self._outbox_budget
+        budget = self.outbox_budget
         if not budget.start():
-            return super().close()  # type: ignore[misc]
+            return super().close()
         budget.spent = 0.0
         try:
-            super().close()  # type: ignore[misc]
+            super().close()
         finally:
             budget.deadline = None
 
 
-_bounded_classes: dict[type, type] = {}
+_backend_classes: dict[type, type] = {}
+
+
+def bounded_backend_class(cls: type[_B]) -> type[_B]:
+    """The class the outbox creates for a configured backend class ``cls``.
+
+    For Django's SMTP backend or a subclass: a subclass of it (same name)
+    whose ``open()``, ``send_messages()`` and ``close()`` each take at most
+    about ``OUTBOX["SEND_TIMEOUT"]`` (read when the call starts), whatever
+    the server does; the first ``send_messages()`` after an ``open()`` gets
+    what the open left of it, so that connecting and sending one message
+    take that long in all. Its connections are :class:`HandoverSMTP`, which
+    :func:`watch_handover` can watch. Any other class is returned as it is
+    (a backend with its own notion of a time limit, such as
+    ``SendmailBackend``, keeps it).
+    """
+    if not isinstance(cls, type) or not issubclass(cls, SMTPBackend):
+        return cls
+    if issubclass(cls, BoundedSMTPBackend):
+        return cls
+    made = _backend_classes.get(cls)
+    if made is None:
+        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
+        made = type(cls.__name__, (BoundedSMTPBackend, cls), namespace)
+        made = _backend_classes.setdefault(cls, made)
+    return made
 
 
 def bound_send_time(backend: BaseEmailBackend) -> _Budget | None:
-    """Make ``SEND_TIMEOUT`` bound each whole call of ``backend``, if it is Django's SMTP backend.
+    """The deadline keeper of a backend made from :func:`bounded_backend_class`, else None.
 
-    ``open()``, ``send_messages()`` and ``close()`` each take at most about
-    ``OUTBOX["SEND_TIMEOUT"]`` (read when the call starts), whatever the
-    server does; the first ``send_messages()`` after an ``open()`` gets what
-    the open left of it, so that connecting and sending one message take
-    that long in all. The instance's class is replaced by a subclass of it
-    (same name) that sets the deadline and creates each ``smtplib``
-    connection with every wait bounded by it. Returns the backend's deadline
-    keeper, or None for any other backend, which is left alone (a backend
-    with its own notion of a time limit, such as ``SendmailBackend``, keeps
-    it). Calling it again does nothing.
+    Backends are bounded from their creation (the outbox creates every
+    delivery backend from :func:`bounded_backend_class`); an instance made
+    otherwise is left as it is.
     """
-    if isinstance(backend, _BoundedSMTPBackend):
-        return backend._outbox_budget
-    if not isinstance(backend, SMTPBackend):
-        return None
-    cls = type(backend)
-    bounded = _bounded_classes.get(cls)
-    if bounded is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-        bounded = _bounded_classes[cls] = type(cls.__name__, (_BoundedSMTPBackend, cls), namespace)
-    budget = _Budget()
-    backend._outbox_budget = budget  # type: ignore[attr-defined]
-    backend.__class__ = bounded
-    return budget
-
-
-def _connect(
-    base: type[smtplib.SMTP], budget: _Budget, host: str, port: int, params: dict[str, Any]
-) -> smtplib.SMTP:
-    """``base(host, port, **params)``, with the connection's waits bounded from the first one."""
-    connection = base(**params)  # no host: not connected yet
-    bound_connection(connection, budget)
-    code, message = connection.connect(host, port)
-    if code != 220:  # as smtplib.SMTP.__init__ does
-        connection.close()
-        raise smtplib.SMTPConnectError(code, message)
-    # Which server this is (handover_server): its greeting names it.
-    setattr(connection, _GREETING, message)
-    return connection
-
-
-def bound_connection(connection: smtplib.SMTP, budget: _Budget) -> None:
-    """Give every wait of ``connection`` on the server the time ``budget`` has left.
-
-    Only this instance is changed (smtplib calls these as ``self.x``): its
-    socket is opened with that timeout (for SMTP_SSL the handshake too), each
-    command is written with it, and replies are read through
-    :class:`_BoundedReader`, which sets it before each read.
-    """
-    if getattr(connection, _BOUNDED, None) is not None:
-        return
-    timeout = connection.timeout
-    per_wait = float(timeout) if _is_seconds(timeout) else socket.getdefaulttimeout()
-    cls = type(connection)
-    original_send, original_getreply = connection.send, connection.getreply
-
-    def _get_socket(host: str, port: int, timeout: float) -> socket.socket:
-        return cls._get_socket(connection, host, port, budget.wait(per_wait))  # type: ignore[attr-defined]
-
-    def send(s: bytes | str) -> None:
-        if connection.sock is not None:
-            try:
-                connection.sock.settimeout(budget.wait(per_wait))
-            except TimeoutError as exc:
-                connection.close()  # as smtplib does when a write times out
-                raise smtplib.SMTPServerDisconnected(str(exc)) from exc
-        original_send(s)
-
-    def getreply() -> tuple[int, bytes]:
-        sock, reader = connection.sock, connection.file
-        if sock is not None and not (
-            isinstance(reader, io.BufferedReader)
-            and isinstance(reader.raw, _BoundedReader)
-            and reader.raw.sock is sock
-        ):
-            if reader is not None:
-                reader.close()  # smtplib's own reader; nothing is left unread in it
-            connection.file = io.BufferedReader(_BoundedReader(sock, budget, per_wait))
-        return original_getreply()
-
-    setattr(connection, "_get_socket", _get_socket)  # noqa: B010
-    setattr(connection, "send", send)  # noqa: B010
-    setattr(connection, "getreply", getreply)  # noqa: B010
-    setattr(connection, _BOUNDED, budget)
+    return backend.outbox_budget if isinstance(backend, BoundedSMTPBackend) else None
 
 
 class _BoundedReader(io.RawIOBase):

@@ -48,13 +48,14 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
-from .handover import bound_send_time
+from .handover import bounded_backend_class
 from .targets import (
     SMTP_BACKEND,
     accepts_timeout,
     get_delivery_connection,
     has_timeout,
     limit_timeout,
+    made_bounded,
     never_silent,
     queues_mail,
     uses_mailers,
@@ -127,20 +128,18 @@ def get_connection(alias: str) -> BaseEmailBackend:
     whose options set no ``timeout`` and whose instances show none is created
     again with ``timeout=SEND_TIMEOUT`` when its constructor takes it.
     Django's SMTP backend is bounded as a whole as well: each open, send and
-    close within ``SEND_TIMEOUT`` (:func:`outbox.mail.handover.bound_send_time`). Raises
+    close within ``SEND_TIMEOUT`` (:func:`outbox.mail.handover.bounded_backend_class`). Raises
     ``ImproperlyConfigured`` when this host's settings do not make ``alias``
     a delivery mailer.
     """
     if not alias:
-        default = get_delivery_connection()
-        bound_send_time(default)
-        return default
+        return get_delivery_connection()
     limit = outbox_settings.SEND_TIMEOUT
     backend: BaseEmailBackend
     if uses_mailers():
         if alias not in getattr(settings, "MAILERS", {}):
             raise ImproperlyConfigured(f"the mailer {alias!r} is not in MAILERS on this host")
-        backend = mail.mailers[alias]
+        backend = made_bounded(mail.mailers[alias], alias)
     else:
         if alias not in outbox_settings.BACKENDS:
             raise ImproperlyConfigured(
@@ -150,7 +149,7 @@ def get_connection(alias: str) -> BaseEmailBackend:
             path, options = parse_entry(alias, outbox_settings.BACKENDS[alias])
         except ValueError as exc:
             raise ImproperlyConfigured(f"OUTBOX['BACKENDS']: {exc}") from exc
-        backend_class = import_string(path)
+        backend_class = bounded_backend_class(import_string(path))
         backend = backend_class(**options)
         needs_timeout = "timeout" not in options and not has_timeout(backend)
         if needs_timeout and accepts_timeout(backend_class):
@@ -159,5 +158,4 @@ def get_connection(alias: str) -> BaseEmailBackend:
         raise ImproperlyConfigured(f"the mailer {alias!r} is the outbox itself, not a delivery")
     limit_timeout(backend, limit)
     never_silent(backend)
-    bound_send_time(backend)
     return backend

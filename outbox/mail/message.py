@@ -22,7 +22,6 @@ shared (``_set_boundaries``).
 
 from __future__ import annotations
 
-import copy
 import secrets
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives
 from django.utils.timezone import get_current_timezone
 
+from ..compat.email import copy_with_own_headers
 from ..models import Attachment, Delivery, Email
 from ..validation import MODERN_EMAIL_API
 from .structure import address_set, placement, rebuild
@@ -63,9 +63,8 @@ class OutboxCopy(EmailMultiAlternatives):
         return self._patched(built)
 
     def _patched(self, built: Message) -> Message:
-        msg = copy.copy(built)
         # A header list of its own; the parts stay shared (read only).
-        msg._headers = list(built._headers)  # type: ignore[attr-defined]
+        msg = copy_with_own_headers(built)
         for name, value in self._per_copy.items():
             msg.replace_header(name, value)
         if self._fresh_date:

@@ -236,7 +236,16 @@ def _part(data: bytes) -> Any:
     """A stored MIME part, parsed back into the class Django's ``attach()`` takes."""
     if MODERN_EMAIL_API:
         return email.message_from_bytes(data, policy=email.policy.default)
-    # Django 5.2 takes MIMEBase instances; a parsed part has the same state.
-    part = email.message_from_bytes(data)
-    part.__class__ = MIMEBase
-    return part
+    # Django 5.2 takes MIMEBase instances: the parser makes one.
+    return email.message_from_bytes(data, _class=ParsedMIMEPart)
+
+
+class ParsedMIMEPart(MIMEBase):
+    """A MIME part the parser fills in: a ``MIMEBase`` that sets no headers of its own.
+
+    ``MIMEBase.__init__`` adds Content-Type and MIME-Version; the parser
+    gives every header itself, so only ``Message.__init__`` runs.
+    """
+
+    def __init__(self, *, policy: Any = None) -> None:
+        Message.__init__(self, **({} if policy is None else {"policy": policy}))

@@ -34,7 +34,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
-from .handover import bound_send_time
+from .handover import bounded_backend_class
 
 HAS_MAILERS = hasattr(mail, "mailers")  # Django >= 6.1
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -88,7 +88,7 @@ def get_delivery_connection() -> BaseEmailBackend:
       ``OPTIONS``; :class:`SendmailBackend`; most third-party backends): the
       attribute becomes ``min(timeout, SEND_TIMEOUT)``, or SEND_TIMEOUT when
       it is ``None`` (no limit). Django's SMTP backend reads it as the socket
-      timeout, which bounds each wait; :func:`~outbox.mail.handover.bound_send_time`
+      timeout, which bounds each wait; :func:`~outbox.mail.handover.bounded_backend_class`
       then bounds the sum: each ``open()`` and ``send_messages()`` as a whole.
     - A class from ``OUTBOX["EMAIL_BACKEND"]`` whose constructor takes a
       ``timeout`` keyword but whose instances show no ``timeout`` attribute:
@@ -99,20 +99,37 @@ def get_delivery_connection() -> BaseEmailBackend:
     limit = outbox_settings.SEND_TIMEOUT
     backend: BaseEmailBackend
     if outbox_settings.EMAIL_BACKEND:
-        backend_class = import_string(outbox_settings.EMAIL_BACKEND)
+        backend_class = bounded_backend_class(import_string(outbox_settings.EMAIL_BACKEND))
         backend = backend_class()
         if not has_timeout(backend) and accepts_timeout(backend_class):
             backend = backend_class(timeout=limit)
     elif uses_mailers():
-        backend = mail.mailers[outbox_settings.MAILER or "default"]
+        alias = outbox_settings.MAILER or "default"
+        backend = made_bounded(mail.mailers[alias], alias)
     elif HAS_MAILERS:
-        backend = mail.mailers.default
+        backend = made_bounded(mail.mailers.default)
     else:
-        backend = mail.get_connection()
+        backend = made_bounded(mail.get_connection())
     limit_timeout(backend, limit)
     never_silent(backend)
-    bound_send_time(backend)
     return backend
+
+
+def made_bounded(backend: BaseEmailBackend, alias: str | None = None) -> BaseEmailBackend:
+    """``backend``, which Django made, made again from :func:`bounded_backend_class` of its class.
+
+    With the arguments Django gave it: a mailer's ``alias`` and ``OPTIONS``
+    (``django.core.mail.mailers``), or none (``get_connection()``). Django
+    made it first so that a misconfigured mailer fails with Django's error.
+    """
+    cls = type(backend)
+    bounded = bounded_backend_class(cls)
+    if bounded is cls:
+        return backend
+    if alias is None:
+        return bounded()
+    options = getattr(settings, "MAILERS", {})[alias].get("OPTIONS", {})
+    return bounded(alias=alias, **options)
 
 
 _MISSING = object()
