@@ -21,6 +21,8 @@ database names:
   where a worker subprocess delivers (see "Email" below)
 - OUTBOX_TEST_RATE_LIMITS: OUTBOX["RATE_LIMITS"] as JSON, for worker subprocesses
 - OUTBOX_TEST_POSTFIX_LOG: configure PostfixLogReconciler on that log, for worker subprocesses
+- OUTBOX_TEST_ESP_URL / OUTBOX_TEST_ESP_TIMEOUT: anymail's API URLs and its requests'
+  timeout, for worker subprocesses sending to the fake ESP (tests/esp.py)
 """
 
 import json
@@ -200,3 +202,10 @@ ANYMAIL = {
     "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",
     "WEBHOOK_SECRET": "tests:only-webhook-secret",
 }
+# The fake ESP (tests/esp.py): anymail's backends send to it, for worker subprocesses.
+if os.environ.get("OUTBOX_TEST_ESP_URL"):
+    from tests.esp import anymail_settings
+
+    ANYMAIL = anymail_settings(
+        os.environ["OUTBOX_TEST_ESP_URL"], float(os.environ.get("OUTBOX_TEST_ESP_TIMEOUT", "1"))
+    )
