@@ -14,6 +14,7 @@ or, when set, by :attr:`FakeESP.choose` (the chaos run's dice):
 ``429``      refused for now, with ``Retry-After`` (:attr:`FakeESP.retry_after`)
 ``422``      Postmark's refusal of the recipient (``ErrorCode`` 300); Mailgun's 400
 ``500``, ``502``, ``503``  that status (503 with ``Retry-After``)
+``gateway``  accepted, then a gateway's 502 instead of the ESP's answer
 
 Every accepted message is kept (:attr:`FakeESP.accepted`) with the ESP's id,
 its recipient, its metadata and its Message-ID; :func:`postmark_event` and
@@ -164,6 +165,8 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
         def accepted(self, action: str, body: dict[str, Any]) -> None:
             if action == "reset":
                 return self.reset()
+            if action == "gateway":
+                return self.answer(502, {"message": "bad gateway"})
             if action == "slow":
                 time.sleep(esp.answer_after)
             try:

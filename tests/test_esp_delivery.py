@@ -46,6 +46,8 @@ pytestmark = slow_processes(
 Status = Delivery.Status
 Outcome = Attempt.Outcome
 TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT; the fake's "slow" answers after 2 s
+# A worker is declared dead (and its lease runs out) sooner than with the suite's 3 s.
+HEARTBEATS = {"OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5", "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25"}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +75,7 @@ def env(esp: FakeESP, backend: str = POSTMARK_BACKEND, **extra: str) -> dict[str
         "OUTBOX_TEST_ESP_URL": esp.url,
         "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
         "OUTBOX_TEST_ABANDONED_POLICY": "review",
+        **HEARTBEATS,
         **extra,
     }
 
@@ -194,18 +197,18 @@ def test_a_reset_or_a_gateways_502_is_in_doubt_settled_by_mailguns_webhook(esp, 
 
 
 def test_429_and_503_wait_for_retry_after_and_slow_all_sending(esp, worker_process):
-    esp.retry_after = "2"
+    esp.retry_after = "1"
     [row] = enqueue_email("Hi", "Body", None, ["busy@example.com"])
     esp.plan["busy@example.com"] = ["429", "503"]
     worker_process("--concurrency", "1", **env(esp))
     # The whole mailer (here the default backend: "*") waits, not only this row.
-    wait_until(lambda: control.state().slow_domains.get("*", 0) > time.time() + 1, 20)
+    wait_until(lambda: control.state().slow_domains.get("*", 0) > time.time() + 0.5, 20)
     row = settled(row.pk, Status.SENT, timeout=30)
     times = [a.finished_at for a in row.attempt_log.filter(outcome=Outcome.RETRY)]
     assert len(times) == 2
-    # Each retry came no earlier than the Retry-After (RETRY_BACKOFF alone is 0.2-1 s).
-    assert (times[1] - times[0]).total_seconds() >= 1.9
-    assert (row.sent_at - times[1]).total_seconds() >= 1.9
+    # Each retry came no earlier than the Retry-After (RETRY_BACKOFF alone: 0.1-0.4 s).
+    assert (times[1] - times[0]).total_seconds() >= 0.95
+    assert (row.sent_at - times[1]).total_seconds() >= 0.95
     assert len(esp.accepted_for("busy@example.com")) == 1
 
 
@@ -256,10 +259,10 @@ def test_a_worker_killed_mid_request_is_abandoned_by_the_sweeper_then_settled_by
     worker = worker_process(
         "--concurrency", "1", **env(esp, OUTBOX_TEST_ESP_TIMEOUT="30")
     )  # fmt: skip
+    sweeper_process("--loop", "0.3", OUTBOX_TEST_ABANDONED_POLICY="review", **HEARTBEATS)
     wait_until(lambda: esp.accepted_for("killed@example.com"), 20)
     worker.send_signal(signal.SIGKILL)
     worker.wait(timeout=10)
-    sweeper_process("--loop", "0.5", OUTBOX_TEST_ABANDONED_POLICY="review")
     settled(row.pk, Status.ABANDONED)
     [taken] = esp.accepted_for("killed@example.com")
     assert post("postmark", postmark_event(taken)) == 200
@@ -282,8 +285,8 @@ def test_the_lease_is_asked_right_before_the_request(esp, worker_process, sweepe
     worker = worker_process(
         "--concurrency", "1", **env(esp, OUTBOX_FAULT_POINT="before_send", OUTBOX_FAULT_COUNT="1")
     )
+    sweeper = sweeper_process("--loop", "0.3", **HEARTBEATS)
     wait_until(lambda: _stopped(worker.pid), 20)
-    sweeper = sweeper_process("--loop", "0.5")
     settled(row.pk, Status.ABANDONED)
     sweeper.terminate()
     worker.send_signal(signal.SIGCONT)
