@@ -36,9 +36,9 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from email.utils import parseaddr
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from email.utils import parseaddr
 from urllib.parse import parse_qs
 
 POSTMARK_BACKEND = "anymail.backends.postmark.EmailBackend"
@@ -132,7 +132,9 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 return self.answer(422, {"ErrorCode": 300, "Message": message})
             if self.failed(action, {"ErrorCode": 701, "Message": "fake failure"}):
                 return
-            taken = esp.accept("Postmark", to, data.get("Metadata", {}), headers.get("message-id", ""))
+            taken = esp.accept(
+                "Postmark", to, data.get("Metadata", {}), headers.get("message-id", "")
+            )
             self.accepted(action, {
                 "To": to, "SubmittedAt": "2026-01-01T00:00:00Z", "MessageID": taken.esp_id,
                 "ErrorCode": 0, "Message": "OK",
@@ -174,7 +176,9 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
             except OSError:
                 pass  # the client gave up waiting: its answer is lost
 
-        def answer(self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+        def answer(
+            self, status: int, body: dict[str, Any], headers: dict[str, str] | None = None
+        ) -> None:
             raw = json.dumps(body).encode()
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
@@ -187,9 +191,7 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
 
         def reset(self) -> None:
             """Close with RST (SO_LINGER 0): the client reads a reset, not an answer."""
-            self.connection.setsockopt(
-                socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0)
-            )
+            self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             self.close_connection = True
             self.connection.close()
 
@@ -201,10 +203,10 @@ def _form(content_type: str, body: bytes) -> dict[str, str]:
     if content_type.startswith("multipart/"):
         parsed = email.message_from_bytes(f"Content-Type: {content_type}\r\n\r\n".encode() + body)
         form: dict[str, str] = {}
-        for part in parsed.get_payload():  # type: ignore[union-attr]
+        for part in parsed.walk():
             name = part.get_param("name", header="content-disposition")
-            payload = part.get_payload(decode=True) or b""
-            if name and name not in form:
+            payload = part.get_payload(decode=True)
+            if name and str(name) not in form and isinstance(payload, bytes):
                 form[str(name)] = payload.decode("utf-8", "replace")
         return form
     return {k: v[0] for k, v in parse_qs(body.decode(), keep_blank_values=True).items()}

@@ -205,7 +205,7 @@ def http_failure(exc: BaseException) -> HttpFailure | None:
         return None
     if "AnymailRecipientsRefused" in names:
         return HttpFailure(FailureKind.PERMANENT, "the ESP refused every recipient")
-    esp = next((e.esp_name for e in _chain(exc) if getattr(e, "esp_name", None)), "") or ""
+    esp = next((str(n) for e in _chain(exc) if (n := getattr(e, "esp_name", None))), "")
     status = _status(exc)
     if status is not None:
         return _by_status(exc, esp, status)

@@ -196,7 +196,11 @@ def run_esp_chaos(
         }
         enqueue_many(
             [
-                {"subject": f"chaos {n}", "message": "Hello", "recipient_list": [f"r{n}@example.com"]}
+                {
+                    "subject": f"chaos {n}",
+                    "message": "Hello",
+                    "recipient_list": [f"r{n}@example.com"],
+                }
                 for n in range(emails)
             ]
         )
@@ -248,11 +252,11 @@ def _count(numbers: Numbers, esp: FakeESP, poster: Poster) -> None:
     numbers.settled_by_webhook = len(by_webhook)
     for pk, status in Delivery.objects.values_list("pk", "status"):
         numbers.statuses[status] += 1
-        if status == Status.SENT and taken[pk] != 1:
-            numbers.lost.append(pk)  # "sent" with nothing at the ESP
-        elif status == Status.FAILED and (taken[pk] or pk not in refused):
-            numbers.lost.append(pk)
-        elif status not in (Status.SENT, Status.FAILED):
+        final = {
+            Status.SENT: taken[pk] == 1,  # "sent", and the ESP has it once
+            Status.FAILED: not taken[pk] and pk in refused,  # refused, never taken
+        }
+        if not final.get(status, False):
             numbers.lost.append(pk)
         if pk in doubted and not (status == Status.SENT and pk in by_webhook):
             numbers.in_doubt_unsettled.append(pk)
