@@ -115,7 +115,13 @@ def find_delivery(event: Any) -> tuple[Delivery | None, bool]:
     message_id = str(getattr(event, "message_id", None) or "").strip()
     if not message_id:
         return None, False
-    attempt = Attempt.objects.filter(esp_message_id=message_id).select_related("delivery").first()
+    # The exclude repeats the partial index's condition, so the index is used.
+    attempt = (
+        Attempt.objects.filter(esp_message_id=message_id)
+        .exclude(esp_message_id="")
+        .select_related("delivery")
+        .first()
+    )
     if attempt is not None:
         return attempt.delivery, False
     # ESPs report the Message-ID with or without its angle brackets.
