@@ -342,6 +342,9 @@ class Attempt(models.Model):
         BOUNCED = "bounced", _("bounced (reported by the ESP)")
         REJECTED = "rejected", _("rejected (reported by the ESP)")
         COMPLAINED = "complained", _("spam complaint (reported by the ESP)")
+        # Any other event of the ESP about the message (delivered, opened, ...):
+        # evidence that it has it, written once per event type.
+        REPORTED = "reported", _("reported by the ESP")
 
     delivery = models.ForeignKey(
         Delivery, on_delete=models.CASCADE, related_name="attempt_log", verbose_name=_("delivery")
@@ -368,6 +371,11 @@ class Attempt(models.Model):
         default="",
         db_default="",
     )
+    # The ESP's own id of the message sent through its HTTP API (django-anymail's
+    # ``anymail_status.message_id``): what its webhooks and its logs name.
+    esp_message_id = models.CharField(
+        _("ESP message id"), max_length=255, blank=True, default="", db_default=""
+    )
     # A worker id, "sweeper" or "admin:<username>" (usernames are up to 150).
     actor = models.CharField(
         _("by"),
@@ -385,6 +393,12 @@ class Attempt(models.Model):
         ordering = ["delivery_id", "id"]
         indexes = [
             models.Index(fields=["delivery", "claim_token"], name="outbox_attempt_claim"),
+            # An ESP's webhook names its own message id (outbox/contrib/anymail.py).
+            models.Index(
+                fields=["esp_message_id"],
+                name="outbox_attempt_esp_id",
+                condition=~models.Q(esp_message_id=""),
+            ),
         ]
 
     def __str__(self) -> str:

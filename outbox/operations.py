@@ -281,14 +281,19 @@ def requeue_now(ids: Iterable[int], actor: str) -> TransitionResult:
     return requeue(ids, actor, send_now=True)
 
 
-def mark_sent(ids: Iterable[int], actor: str) -> TransitionResult:
-    """The mail logs show the message left: an abandoned row becomes sent."""
+def mark_sent(ids: Iterable[int], actor: str, evidence: str = "") -> TransitionResult:
+    """The mail logs show the message left: an abandoned row becomes sent.
+
+    ``evidence`` (what showed it: an ESP's event, say) is written on the
+    attempt log's row of the decision.
+    """
     return transition(
         ids,
         allowed=[Status.ABANDONED],
         to=Status.SENT,
         outcome=Outcome.MARKED_SENT,
         actor=actor,
+        error=evidence,
         updates={"last_error": ""},  # the attempt log keeps why it was abandoned
     )
 

@@ -164,6 +164,32 @@ def worker_process():
 
 
 @pytest.fixture
+def sweeper_process():
+    """Start `manage.py outbox_sweep` subprocesses on the test database."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(*args: str, **env: str) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "outbox_sweep", *args],
+            cwd=ROOT,
+            env=subprocess_env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        if proc.stdout:
+            proc.stdout.close()
+
+
+@pytest.fixture
 def running() -> Iterator:
     """Start in-process workers (not burst), each in a thread; stopped at the end."""
     started: list[tuple[Worker, threading.Thread]] = []

@@ -25,6 +25,8 @@ database names:
   sends the outbox's tables to the second PostgreSQL database, "routed" (defined, and
   created only for the tests that ask for it, whenever OUTBOX_TEST_DB is "postgres");
   OUTBOX_TEST_ROUTED_DB_NAME is then its test database's name
+- OUTBOX_TEST_ESP_URL / OUTBOX_TEST_ESP_TIMEOUT: anymail's API URLs and its requests'
+  timeout, for worker subprocesses sending to the fake ESP (tests/esp.py)
 """
 
 import json
@@ -212,3 +214,10 @@ ANYMAIL = {
     "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",
     "WEBHOOK_SECRET": "tests:only-webhook-secret",
 }
+# The fake ESP (tests/esp.py): anymail's backends send to it, for worker subprocesses.
+if os.environ.get("OUTBOX_TEST_ESP_URL"):
+    from tests.esp import anymail_settings
+
+    ANYMAIL = anymail_settings(
+        os.environ["OUTBOX_TEST_ESP_URL"], float(os.environ.get("OUTBOX_TEST_ESP_TIMEOUT", "1"))
+    )

@@ -92,16 +92,23 @@ def test_a_complaint_suppresses_and_a_rejection_is_only_recorded(sent):
     assert Suppression.objects.filter(address="alice@example.com").exists()
 
 
-def test_other_events_and_other_messages_are_ignored(sent):
-    assert post(webhook(sent.message_id, "delivered", "alice@example.com")) == 200
-    assert (
-        post(webhook(sent.message_id, "failed", "alice@example.com", severity="temporary")) == 200
-    )
+def test_other_events_add_evidence_once_and_other_messages_are_ignored(sent):
+    for _ in range(2):
+        assert post(webhook(sent.message_id, "delivered", "alice@example.com")) == 200
+        assert (
+            post(webhook(sent.message_id, "failed", "alice@example.com", severity="temporary"))
+            == 200
+        )
     assert (
         post(webhook("<not-ours@example.com>", "failed", "x@example.com", severity="permanent"))
         == 200
     )
-    assert not Attempt.objects.exists() and not Suppression.objects.exists()
+    reported = list(sent.attempt_log.values_list("outcome", "error"))
+    assert [outcome for outcome, _ in reported] == [Attempt.Outcome.REPORTED] * 2
+    assert reported[0][1].startswith("Mailgun reported delivered")
+    assert reported[1][1].startswith("Mailgun reported deferred")
+    assert Delivery.objects.get(pk=sent.pk).status == Delivery.Status.SENT
+    assert not Suppression.objects.exists()
 
 
 def test_a_forged_webhook_is_refused_and_records_nothing(sent):

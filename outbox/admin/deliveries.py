@@ -69,6 +69,7 @@ class AttemptInline(PartOfParentInline):
         "finished_at",
         "outcome",
         "server",
+        "esp_message_id",
         "error",
         "actor",
     )

@@ -1,17 +1,29 @@
 """Delivery events from an ESP, through django-anymail's ``tracking`` signal (optional).
 
 When django-anymail is installed, :meth:`outbox.apps.OutboxConfig.ready`
-connects :func:`record_event`. For a ``bounced``, ``rejected`` or
-``complained`` event about a Message-ID the outbox sent, it writes an
-:class:`~outbox.models.Attempt` on that delivery (outcome ``bounced``,
-``rejected`` or ``complained``, actor ``esp:<name>``): the evidence an
-operator reads. A bounce or a complaint also puts the recipient on the
-suppression list (source ``refusal``). The delivery's status is not changed:
-the mail server did accept the message; what happened later is recorded next
-to it.
+connects :func:`record_event`. An event is matched to a delivery by, in
+order: the delivery's identity in the event's metadata (id and claim token,
+which every copy sent through an anymail backend carries: ``mail/esp.py``),
+the ESP's own message id recorded on an attempt, or the RFC Message-ID. Then:
 
-Events about other messages (not sent by the outbox) and other event types
-are ignored.
+- a row **in doubt** (``abandoned``: the request's answer was lost, or the
+  worker died mid-send) is settled ``sent`` by any event about the message
+  (queued, sent, delivered, deferred, bounced, opened, ...): the ESP has it.
+  The write is the operator's and the reconcilers' (``operations.mark_sent``,
+  ``WHERE status='abandoned'``), actor ``esp:<name>``, the event as evidence;
+- a ``bounced``, ``rejected`` or ``complained`` event writes an
+  :class:`~outbox.models.Attempt` of that outcome; a bounce or a complaint
+  also puts the recipient on the suppression list (source ``refusal``). The
+  status is not changed otherwise: the ESP did accept the message;
+- any other event about a ``sent`` row adds its evidence (outcome
+  ``reported``), once per event type.
+
+An event that arrives twice, late, or about a message the outbox did not send
+changes nothing: the settling write is conditional, and evidence already
+written is not written again. Events about a row in another state (queued,
+processing, failed) change nothing either; one naming its exact attempt by
+metadata is logged as a WARNING, since the ESP has a message the outbox does
+not count as sent. Inbound and unknown events are ignored.
 """
 
 from __future__ import annotations
@@ -21,14 +33,18 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
+from .. import operations
+from ..mail.esp import identity_of
 from ..models import Attempt, Delivery, outbox_alias
 from ..suppression import add_refused, bare_address
 
 logger = logging.getLogger("outbox.esp")
 
 Outcome = Attempt.Outcome
+Status = Delivery.Status
 
 # anymail's event types the outbox records, and the outcome each is written as.
 RECORDED = {
@@ -38,6 +54,8 @@ RECORDED = {
 }
 # Events that mean "never send to this address again".
 SUPPRESSING = frozenset({"bounced", "complained"})
+# Events that are not about a message the outbox sent.
+IGNORED = frozenset({"inbound", "inbound_failed", "unknown", ""})
 
 
 def connect() -> bool:
@@ -52,16 +70,81 @@ def connect() -> bool:
 
 def record_event(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
     """The ``tracking`` receiver: see the module docstring."""
-    outcome = RECORDED.get(getattr(event, "event_type", None) or "")
-    message_id = (getattr(event, "message_id", None) or "").strip()
-    if outcome is None or not message_id:
+    event_type = str(getattr(event, "event_type", None) or "")
+    if event_type in IGNORED:
         return
-    # ESPs report the Message-ID with or without its angle brackets.
-    bare = message_id.strip("<>")
-    delivery = Delivery.objects.filter(message_id__in=[f"<{bare}>", bare]).first()
+    delivery, exact = find_delivery(event)
     if delivery is None:
         return
-    error = _describe(event, esp_name)
+    actor = f"esp:{esp_name}"
+    evidence = _describe(event, esp_name)
+    settled = False
+    if delivery.status == Status.ABANDONED:
+        settled = bool(operations.mark_sent([delivery.pk], actor, evidence=evidence).changed)
+        if settled:
+            logger.warning(
+                "delivery %s was in doubt; %s reported %s: marked sent",
+                delivery.pk,
+                esp_name,
+                event_type,
+            )
+        delivery.refresh_from_db()
+    elif delivery.status != Status.SENT and exact:
+        logger.warning(
+            "delivery %s is %s, but %s reported %s for its attempt: the ESP has the message",
+            delivery.pk,
+            delivery.status,
+            esp_name,
+            event_type,
+        )
+    outcome = RECORDED.get(event_type)
+    if outcome is None and (settled or delivery.status != Status.SENT):
+        return  # the settling decision is the evidence; other rows: nothing to add
+    _write_evidence(delivery, event, event_type, outcome or Outcome.REPORTED, actor, evidence)
+
+
+def find_delivery(event: Any) -> tuple[Delivery | None, bool]:
+    """The delivery ``event`` is about, and whether its metadata named the very attempt."""
+    identity = identity_of(getattr(event, "metadata", None))
+    if identity is not None:
+        pk, token = identity
+        ours = Q(claim_token=token) | Q(attempt_log__claim_token=token)
+        delivery = Delivery.objects.filter(ours, pk=pk).distinct().first()
+        if delivery is not None:
+            return delivery, True
+    message_id = str(getattr(event, "message_id", None) or "").strip()
+    if not message_id:
+        return None, False
+    # The exclude repeats the partial index's condition, so the index is used.
+    attempt = (
+        Attempt.objects.filter(esp_message_id=message_id)
+        .exclude(esp_message_id="")
+        .select_related("delivery")
+        .first()
+    )
+    if attempt is not None:
+        return attempt.delivery, False
+    # ESPs report the Message-ID with or without its angle brackets.
+    bare = message_id.strip("<>")
+    return Delivery.objects.filter(message_id__in=[f"<{bare}>", bare]).first(), False
+
+
+def _write_evidence(
+    delivery: Delivery, event: Any, event_type: str, outcome: str, actor: str, evidence: str
+) -> None:
+    """One Attempt row for the event (not again for the same one), and its suppression."""
+    written = Attempt.objects.filter(delivery=delivery, actor=actor[:255])
+    if outcome == Outcome.REPORTED:
+        # Once per event type (opens and clicks come many times); an event that
+        # settled the row is its evidence already.
+        written = written.filter(
+            outcome__in=[Outcome.REPORTED, Outcome.MARKED_SENT],
+            error__startswith=evidence.split(":", 1)[0],
+        )
+    else:
+        written = written.filter(outcome=outcome, error=evidence)
+    if written.exists():
+        return
     now = timezone.now()
     with transaction.atomic(using=outbox_alias()):
         Attempt.objects.create(
@@ -70,12 +153,13 @@ def record_event(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
             started_at=getattr(event, "timestamp", None) or now,
             finished_at=now,
             outcome=outcome,
-            error=error,
-            actor=f"esp:{esp_name}"[:255],
+            error=evidence,
+            actor=actor[:255],
+            esp_message_id=str(getattr(event, "message_id", None) or "")[:255],
         )
-        if event.event_type in SUPPRESSING:
-            add_refused([bare_address(delivery.recipient)], error)
-    logger.info("delivery %s: %s reported %s", delivery.pk, esp_name, event.event_type)
+        if event_type in SUPPRESSING:
+            add_refused([bare_address(delivery.recipient)], evidence)
+    logger.info("delivery %s: %s", delivery.pk, evidence)
 
 
 def _describe(event: Any, esp_name: str) -> str:
@@ -84,7 +168,9 @@ def _describe(event: Any, esp_name: str) -> str:
         value = getattr(event, attribute, None)
         if value:
             parts.append(str(value))
+    if getattr(event, "message_id", None):
+        parts.append(f"ESP message id {event.message_id}")
     return ": ".join(parts)[:2000]
 
 
-__all__ = ["RECORDED", "SUPPRESSING", "connect", "record_event"]
+__all__ = ["IGNORED", "RECORDED", "SUPPRESSING", "connect", "find_delivery", "record_event"]

@@ -19,16 +19,52 @@ A backend declares ambiguity by raising
 ``__cause__`` / ``__context__`` chain). Django's stock SMTP backend gets it
 from :func:`outbox.backends.watch_handover`, and
 :class:`outbox.backends.SendmailBackend` raises it itself.
+
+**HTTP delivery backends** (django-anymail's, built on ``requests``; Amazon
+SES's on ``botocore``) say what happened in their exceptions, read here by
+class name and status code, so neither library is imported
+(:func:`http_failure`):
+
+- the request never left (DNS, connection refused, connect timeout, the TLS
+  handshake): TRANSIENT;
+- the request left and no verdict came back (read timeout, the connection
+  reset or closed while waiting, a gateway's 502 or 504, a 2xx whose body
+  could not be read): AMBIGUOUS, settled like a cut after DATA;
+- 429 and 503: TRANSIENT, and ``Retry-After`` is honoured
+  (:attr:`HttpFailure.retry_after`: the row's next attempt is not earlier,
+  and the worker holds all sending that long, ``worker/gate.py``);
+- a refusal of the message or of every recipient
+  (``AnymailRecipientsRefused``; 400/413/422 by the ESP's own codes, table
+  :data:`PERMANENT_REFUSALS`): PERMANENT, and the refused addresses go on
+  the suppression list (:func:`refused_by_esp`);
+- anything else (500, 401/403, an answer the table does not know):
+  TRANSIENT, as before, with the ESP's answer in the attempt's error.
 """
 
 from __future__ import annotations
 
 import enum
 import smtplib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from email.utils import parsedate_to_datetime
+from typing import Any
 
 from ..exceptions import AmbiguousDeliveryError, DeliveryError
 
-__all__ = ["FailureKind", "classify", "is_ambiguous", "is_permanent"]
+__all__ = [
+    "PERMANENT_REFUSALS",
+    "FailureKind",
+    "HttpFailure",
+    "classify",
+    "esp_answer",
+    "http_failure",
+    "is_ambiguous",
+    "is_permanent",
+    "refused_by_esp",
+    "retry_after",
+]
 
 
 class FailureKind(enum.Enum):
@@ -83,4 +119,230 @@ def classify(exc: BaseException) -> FailureKind:
     """The kind of failure ``exc`` is; ambiguity wins over everything else."""
     if is_ambiguous(exc):
         return FailureKind.AMBIGUOUS
+    http = http_failure(exc)
+    if http is not None:
+        return http.kind
     return FailureKind.PERMANENT if is_permanent(exc) else FailureKind.TRANSIENT
+
+
+# -- HTTP delivery backends (django-anymail) ----------------------------------------
+
+# What each ESP's API answers when it refuses the message itself for good, as
+# HTTP status -> the ESP's own error codes (None: any code). From anymail's
+# backends and the ESPs' API references; anything not here is transient.
+# Postmark answers 422 for every error of a request and tells them apart by
+# ``ErrorCode``: 300 (invalid request: an address, a header), 406 (inactive
+# recipient: anymail raises AnymailRecipientsRefused), 402/409 (not valid
+# JSON) are the message's; 400/401/405/412 (sender signature, account) are the
+# account's, retried until someone fixes it. Amazon SES (boto3) names errors:
+# ``MessageRejected`` (and an invalid parameter) is the message's; throttling
+# and a paused account are not.
+PERMANENT_REFUSALS: dict[str, dict[int | str, frozenset[int | str] | None]] = {
+    "Postmark": {422: frozenset({300, 402, 406, 409})},
+    "Mailgun": {400: None, 413: None},
+    "SendGrid": {400: None, 413: None},
+    "Brevo": {400: None},
+    "Amazon SES": {"MessageRejected": None, "InvalidParameterValue": None},
+}
+# Answers that mean "the request may have been acted on": a gateway that lost
+# the ESP's verdict.
+_GATEWAY_LOST = frozenset({502, 504})
+# Answers that ask the client to come back later.
+_COME_BACK = frozenset({429, 503})
+# requests' / urllib3's / botocore's errors of a request that never left.
+_NEVER_LEFT = frozenset(
+    {
+        "ConnectTimeout",
+        "ConnectTimeoutError",
+        "NewConnectionError",
+        "NameResolutionError",
+        "SSLError",
+        "ProxyError",
+        "EndpointConnectionError",
+        "InvalidURL",
+        "MissingSchema",
+        "InvalidSchema",
+    }
+)
+# ... and of a request that left, whose answer never came back (whole).
+_LEFT_UNANSWERED = frozenset(
+    {
+        "ReadTimeout",
+        "ReadTimeoutError",
+        "ProtocolError",
+        "RemoteDisconnected",
+        "ChunkedEncodingError",
+        "ContentDecodingError",
+        "ConnectionClosedError",
+        "IncompleteRead",
+    }
+)
+# Throttling names in botocore's ClientError codes.
+_SES_THROTTLED = frozenset({"Throttling", "ThrottlingException", "TooManyRequestsException"})
+
+
+@dataclass(frozen=True)
+class HttpFailure:
+    """What an HTTP delivery backend's error means."""
+
+    kind: FailureKind
+    why: str
+    status: int | None = None
+    retry_after: float | None = None  # seconds the ESP asked us to wait (429, 503)
+
+
+def http_failure(exc: BaseException) -> HttpFailure | None:
+    """The meaning of ``exc`` if an HTTP delivery backend raised it, else None.
+
+    Module docstring, and :data:`PERMANENT_REFUSALS`; None also for an
+    error that is not about the request (``AnymailInvalidAddress``). Read from the classes'
+    names along the ``__cause__`` chain (anymail's error is raised ``from``
+    the ``requests`` one, which wraps urllib3's), so neither library is
+    imported here.
+    """
+    names = {name for e in _chain(exc) for name in _class_names(e)}
+    if not names & {"AnymailError", "RequestException", "BotoCoreError", "ClientError"}:
+        return None
+    if "AnymailRecipientsRefused" in names:
+        return HttpFailure(FailureKind.PERMANENT, "the ESP refused every recipient")
+    esp = next((str(n) for e in _chain(exc) if (n := getattr(e, "esp_name", None))), "")
+    status = _status(exc)
+    if status is not None:
+        return _by_status(exc, esp, status)
+    code = _boto_code(exc)
+    if code is not None:
+        if code in _SES_THROTTLED:
+            return HttpFailure(FailureKind.TRANSIENT, f"throttled ({code})")
+        permanent = code in PERMANENT_REFUSALS.get(esp or "Amazon SES", {})
+        kind = FailureKind.PERMANENT if permanent else FailureKind.TRANSIENT
+        return HttpFailure(kind, f"refused ({code})")
+    # No answer: did the request leave? Look at the innermost errors first.
+    for e in reversed(list(_chain(exc))):
+        for arg in (e, *getattr(e, "args", ())):
+            found = set(_class_names(arg)) if isinstance(arg, BaseException) else set()
+            reason = getattr(arg, "reason", None)
+            if isinstance(reason, BaseException):
+                found |= set(_class_names(reason))
+            if found & _NEVER_LEFT:
+                return HttpFailure(FailureKind.TRANSIENT, "the request never left")
+            if found & _LEFT_UNANSWERED:
+                return HttpFailure(FailureKind.AMBIGUOUS, "the request left, no answer came back")
+    if names & {"Timeout", "ConnectionError"}:
+        # A requests error that names neither side: the request may have left.
+        return HttpFailure(FailureKind.AMBIGUOUS, "the request may have left, no answer")
+    # Not about the request (an address anymail cannot encode, a setting): the
+    # general rules below decide, as for any backend.
+    return None
+
+
+def _by_status(exc: BaseException, esp: str, status: int) -> HttpFailure:
+    if 200 <= status < 300:
+        # Accepted, then the answer could not be read (anymail's "invalid response").
+        return HttpFailure(FailureKind.AMBIGUOUS, f"HTTP {status}, answer unreadable", status)
+    if status in _GATEWAY_LOST:
+        return HttpFailure(FailureKind.AMBIGUOUS, f"HTTP {status} from a gateway", status)
+    if status in _COME_BACK:
+        return HttpFailure(FailureKind.TRANSIENT, f"HTTP {status}", status, retry_after(exc))
+    codes = PERMANENT_REFUSALS.get(esp, {}).get(status, frozenset())
+    if codes is None or _esp_code(exc) in codes:
+        return HttpFailure(FailureKind.PERMANENT, f"HTTP {status}: refused by {esp}", status)
+    return HttpFailure(FailureKind.TRANSIENT, f"HTTP {status}", status)
+
+
+# The longest wait a Retry-After may ask for; beyond it, a header's mistake is likelier.
+MAX_RETRY_AFTER = 3600.0
+
+
+def retry_after(exc: BaseException) -> float | None:
+    """Seconds the ESP's ``Retry-After`` header asks for (a number or an HTTP date), capped."""
+    response = next((r for r in _responses(exc)), None)
+    value = (getattr(response, "headers", None) or {}).get("Retry-After")
+    if not value:
+        return None
+    try:
+        return min(MAX_RETRY_AFTER, max(0.0, float(value)))
+    except ValueError:
+        pass
+    try:
+        when = parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=UTC)
+    return min(MAX_RETRY_AFTER, max(0.0, (when - datetime.now(UTC)).total_seconds()))
+
+
+def esp_answer(exc: BaseException, limit: int = 500) -> str:
+    """The ESP's answer to the request (status and body), for the attempt's error; "" if none."""
+    response = next(_responses(exc), None)
+    if response is None:
+        return ""
+    try:
+        text = str(response.text)
+    except Exception:  # an undecodable body: the status alone says enough
+        text = ""
+    return f"HTTP {response.status_code}: {text}"[:limit]
+
+
+def refused_by_esp(exc: BaseException) -> list[str]:
+    """Recipients an ESP refused (``AnymailRecipientsRefused``): "invalid" or "rejected"."""
+    for e in _chain(exc):
+        if "AnymailRecipientsRefused" not in _class_names(e):
+            continue
+        status = getattr(getattr(e, "email_message", None), "anymail_status", None)
+        recipients = getattr(status, "recipients", None) or {}
+        return [
+            str(address)
+            for address, one in recipients.items()
+            if getattr(one, "status", None) in ("invalid", "rejected")
+        ]
+    return []
+
+
+def _chain(exc: BaseException) -> Iterator[BaseException]:
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        yield current
+        current = current.__cause__ or current.__context__
+
+
+def _class_names(exc: object) -> Iterator[str]:
+    return (klass.__name__ for klass in type(exc).__mro__)
+
+
+def _responses(exc: BaseException) -> Iterator[Any]:
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        if response is not None and hasattr(response, "status_code"):
+            yield response
+
+
+def _status(exc: BaseException) -> int | None:
+    for e in _chain(exc):
+        status = getattr(e, "status_code", None)
+        if isinstance(status, int):
+            return status
+    response = next(_responses(exc), None)
+    return response.status_code if response is not None else None
+
+
+def _esp_code(exc: BaseException) -> object:
+    """The ESP's own error code in its JSON answer (Postmark's ``ErrorCode``), or None."""
+    response = next(_responses(exc), None)
+    try:
+        body = response.json() if response is not None else None
+    except ValueError:
+        return None
+    return body.get("ErrorCode") if isinstance(body, dict) else None
+
+
+def _boto_code(exc: BaseException) -> str | None:
+    for e in _chain(exc):
+        response = getattr(e, "response", None)
+        if isinstance(response, dict):
+            code = (response.get("Error") or {}).get("Code")
+            if code:
+                return str(code)
+    return None

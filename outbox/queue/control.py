@@ -255,10 +255,18 @@ class ControlView:
             logger.warning("resumed by operator: claiming again")
 
 
-def hold_until(current: ControlState, domain: str, now: float) -> float | None:
-    """When a row to ``domain`` may go, if a switch holds it now; None if it may go now."""
+def hold_until(current: ControlState, domain: str, now: float, mailer: str = "") -> float | None:
+    """When a row to ``domain`` may go, if a switch holds it now; None if it may go now.
+
+    ``mailer`` is the row's email's mailer alias: an ESP that answered 429 or
+    503 with ``Retry-After`` slows its mailer (``"mailer:<alias>"``), or all
+    sending (``"*"``) when it is the default delivery backend (``worker/gate.py``).
+    """
     if domain in current.paused_domains:
         return now + outbox_settings.PAUSED_DOMAIN_RECHECK
     # "*": the server as a whole asked us to slow down (a 421 when connecting).
-    until = max(current.slow_domains.get(domain, 0.0), current.slow_domains.get("*", 0.0))
+    slow = current.slow_domains
+    until = max(slow.get(domain, 0.0), slow.get("*", 0.0))
+    if mailer:
+        until = max(until, slow.get(f"mailer:{mailer}", 0.0))
     return until if until > now else None

@@ -9,6 +9,8 @@ SIGKILL it, or cut its database connection, exactly there;
 ``after_mark_processing``   the row is ``processing``, nothing sent yet
 ``after_note_server``       the row names the server it goes to, nothing sent yet
                             (only with ``OUTBOX["RECONCILERS"]`` set: ``worker/send.py``)
+``before_send``             the copy is built, the lease not yet asked again (the
+                            last moment an HTTP request can be called back)
 ``after_send``              the mail server accepted it, the row is not yet ``sent``
 ``after_mark_sent``         the row is ``sent``, its id not yet acknowledged
 
@@ -25,6 +27,7 @@ POINTS = (
     "after_claim",
     "after_mark_processing",
     "after_note_server",
+    "before_send",
     "after_send",
     "after_mark_sent",
 )

@@ -30,6 +30,7 @@ import logging
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
+from ..mail.failures import http_failure
 from ..models import Delivery
 from ..queue import control, ratelimit
 from ..queue.clock import from_timestamp
@@ -73,7 +74,7 @@ class Gate:
             return False  # the common case, once per email: nothing can hold it
         domain = ratelimit.domain_of(delivery.recipient)
         now = self.worker.clock.time()
-        until = control.hold_until(current, domain, now)
+        until = control.hold_until(current, domain, now, started.email.mailer)
         if until is None:
             checks = ratelimit.applicable(domain, configured, started.email.mailer)
             if not checks:
@@ -104,11 +105,22 @@ class Gate:
 
         Said while ``connecting`` (the greeting, EHLO, login), it is about the
         mail server as a whole, not one domain: then all sending (``"*"``) waits.
+        An ESP's 429 or 503 with ``Retry-After`` is about the account: the
+        email's mailer (``"mailer:<alias>"``; all sending for the default
+        backend) waits that long (``mail/failures.py``).
         """
-        if not ratelimit.throttled(exc):
+        http = http_failure(exc)
+        if http is not None and http.retry_after:
+            mailer = started.email.mailer
+            domain = f"{ratelimit.MAILER_PREFIX}{mailer}" if mailer else ratelimit.GLOBAL
+            seconds = http.retry_after
+        elif ratelimit.throttled(exc):
+            domain = (
+                ratelimit.GLOBAL if connecting else ratelimit.domain_of(started.delivery.recipient)
+            )
+            seconds = outbox_settings.THROTTLE_PENALTY
+        else:
             return
-        domain = ratelimit.GLOBAL if connecting else ratelimit.domain_of(started.delivery.recipient)
-        seconds = outbox_settings.THROTTLE_PENALTY
         try:
             control.slow_down(domain, seconds, self.worker.queue)
         except RedisError as exc2:

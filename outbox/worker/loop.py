@@ -313,7 +313,9 @@ class SenderLoop:
     def _grouped(self, s: Settlement | None) -> bool:
         """Nothing or a success to write: a step for the group commit."""
         return self.vendor in ("postgresql", "sqlite") and (
-            s is None or (s.outcome == Outcome.SENT and not s.error)  # a note: see outcomes.py
+            s is None
+            # A note or the ESP's message id is written on an Attempt row: see outcomes.py.
+            or (s.outcome == Outcome.SENT and not s.error and not s.esp_message_id)
         )
 
     def _group_step(

@@ -65,11 +65,11 @@ from django.db.models import F
 
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
-from ..mail.failures import FailureKind, classify
+from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
 from ..mail.handover import Server
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
-from ..suppression import add_refused, refused_recipients
+from ..suppression import add_refused, bare_address, refused_recipients
 from .sql import mark_sent
 
 logger = logging.getLogger("outbox.worker")
@@ -115,6 +115,9 @@ class Settlement:
     sent_to: str = ""
     # The database's refusal for good of this outcome's write, once there was one.
     refusal: str = ""
+    # For a success through an ESP's API: its own id of the message
+    # (``mail/esp.py``), written on the attempt's row.
+    esp_message_id: str = ""
 
     @property
     def delivery(self) -> Delivery:
@@ -130,7 +133,11 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
 def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     """The outcome of an attempt that raised ``exc``; ``now`` is Redis time."""
     delivery = started.delivery
-    error = storable(f"{type(exc).__name__}: {exc}"[:2000])
+    error = f"{type(exc).__name__}: {exc}"
+    answer = esp_answer(exc)
+    if answer and answer not in error:
+        error = f"{error} (the ESP's answer: {answer})"
+    error = storable(error[:2000])
     kind = classify(exc)
     if kind is FailureKind.AMBIGUOUS:
         error = f"in doubt: {error}"[:2000]
@@ -138,10 +145,17 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
             return Settlement(started, Outcome.AMBIGUOUS, error)
     permanent = kind is FailureKind.PERMANENT
     if permanent or delivery.attempts >= delivery.max_attempts:
-        refused = refused_recipients(exc) if outbox_settings.SUPPRESS_ON_REFUSAL else []
+        refused: list[str] = []
+        if outbox_settings.SUPPRESS_ON_REFUSAL:
+            # An SMTP 5xx at RCPT, or an ESP's refusal of the recipient.
+            refused = refused_recipients(exc) + [bare_address(a) for a in refused_by_esp(exc)]
         return Settlement(started, Outcome.FAILED, error, permanent=permanent, refused=refused)
     base, cap = outbox_settings.RETRY_BACKOFF
     delay = backoff_delay(delivery.attempts, base, cap)
+    http = http_failure(exc)
+    if http is not None and http.retry_after is not None:
+        # The ESP said when (429, 503): never earlier, whatever the backoff says.
+        delay = max(delay, http.retry_after)
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
 
 
@@ -151,15 +165,16 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
     A success is recorded on the row itself (status, ``sent_at``, and the
     worker, token, start time and attempt number it was claimed with): that is
     the evidence, so it writes no Attempt row (unless it carries a note: a copy
-    the staging valve redirected says where it went). Any other outcome also writes
+    the staging valve redirected says where it went; one sent through an ESP keeps
+    the ESP's message id). Any other outcome also writes
     its Attempt row, and a retry or a release pushes the id back to Redis
     (forced: it is in no ready list) once the transaction commits.
     """
     delivery = s.delivery
     if s.outcome == Outcome.SENT:
         changed = mark_sent(delivery.pk, s.started.token, now)
-        if changed and s.error and not attempt_logged(s):
-            log_attempt(s, now)  # where a redirected copy went
+        if changed and (s.error or s.esp_message_id) and not attempt_logged(s):
+            log_attempt(s, now)  # where a redirected copy went; the ESP's id of it
         return changed or sent_but_not_ours(s, now)
     rows = Delivery.objects.filter(
         pk=delivery.pk, status=Status.PROCESSING, claim_token=s.started.token
@@ -311,6 +326,7 @@ def log_attempt(s: Settlement, finished: datetime) -> None:
         outcome=s.outcome,
         error=error,
         actor=delivery.worker_id,
+        esp_message_id=s.esp_message_id,
     )
 
 

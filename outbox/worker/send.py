@@ -20,7 +20,7 @@ from django.db import DatabaseError
 
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
-from ..mail import valve
+from ..mail import esp, valve
 from ..mail.handover import Server, handover_server
 from ..mail.message import build_message
 from ..models import Attempt
@@ -98,6 +98,14 @@ class Sender:
             message = build_message(started.delivery, started.email, started.attachments, built)
             # The staging valve's guarantee is given here, on the copy as built (mail/valve.py).
             message, note = valve.admit(message, started.delivery.recipient)
+            over_http = esp.is_anymail(backend)
+            if over_http:
+                esp.identify(message, started.delivery.pk, started.token)
+            fault("before_send")
+            if not self.may_hand_over():
+                # The last moment a request can be called back: building the
+                # copy took a while, or the process was frozen meanwhile.
+                raise SendFencedError("the lease ran out before the request started")
             if backend.send_messages([message]) != 1:
                 raise DeliveryError("the email backend reported the message as not sent")
         except valve.NotAllowedRecipient as exc:
@@ -111,7 +119,8 @@ class Sender:
         fault("after_send")
         # A redirected copy went to its one envelope address, not the row's recipient.
         sent_to = ", ".join(message.recipients()) if note else ""
-        return Settlement(started, Outcome.SENT, note, sent_to=sent_to)
+        esp_id = esp.esp_message_id(message) if over_http else ""
+        return Settlement(started, Outcome.SENT, note, sent_to=sent_to, esp_message_id=esp_id)
 
     def note_server(self, started: Started, server: Server) -> Settlement | None:
         """Write the server on the row before the hand-over; a release if that failed.
