@@ -14,7 +14,7 @@ from tests.cells import slow_processes
 from tests.chaos.esp import run_esp_chaos
 
 pytestmark = slow_processes(
-    ("5.2:postgres",), why="about 20 s of real worker and sweeper processes against a fake ESP"
+    ("6.1:postgres",), why="about 20 s of real worker and sweeper processes against a fake ESP"
 )
 
 

@@ -43,13 +43,13 @@ from outbox.queue import RedisQueue, control
 from outbox.queue.scripts import shared_script
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
-from tests.cells import BOTH_DATABASES, slow_processes
+from tests.cells import slow_processes
 from tests.proxy import Fault, FaultProxy
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_worker_process import process_state
 
 pytestmark = slow_processes(
-    BOTH_DATABASES,
+    ("5.2:postgres",),
     why="the faults are on the wire, not in Django or the SQL dialect",
 )
 

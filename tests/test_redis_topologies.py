@@ -25,13 +25,13 @@ from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from outbox.status import snapshot as status
-from tests.cells import BOTH_DATABASES, slow_processes
+from tests.cells import slow_processes
 from tests.conftest import ROOT
 from tests.servers import SMTPRecorder, subprocess_env, wait_until
 from tests.topologies import ClusterSetup, SentinelSetup
 
 pytestmark = slow_processes(
-    BOTH_DATABASES,
+    ("6.1:postgres",),
     why="Sentinel and Cluster are on the Redis side, not in Django or the SQL dialect",
 )
 

@@ -39,7 +39,7 @@ pytestmark = [
     ),
     pytest.mark.django_db(transaction=True, databases=[REPLICA, OUTBOX_DATABASE]),
     pytest.mark.slow,
-    only_in_cells("5.2:postgres", why="routing is the same in every cell; one PostgreSQL cell"),
+    only_in_cells("6.1:postgres", why="routing is the same in every cell; one PostgreSQL cell"),
 ]
 
 Status = Delivery.Status

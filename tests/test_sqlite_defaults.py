@@ -34,7 +34,7 @@ from tests.servers import free_port, subprocess_env, wait_until
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.slow,
-    only_in_cells("5.2:sqlite", "6.1:sqlite", why="SQLite's locking, with real processes"),
+    only_in_cells("5.2:sqlite", why="SQLite's locking, with real processes"),
     pytest.mark.skipif(connection.vendor != "sqlite", reason="SQLite only"),
 ]
 
