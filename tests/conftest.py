@@ -137,14 +137,13 @@ def redis_server() -> Iterator[RedisServer]:
     server.close()
 
 
-@pytest.fixture
-def worker_process():
-    """Start `manage.py outbox_worker` subprocesses on the test database."""
+def _command_processes(command: str):
+    """Start ``manage.py <command>`` subprocesses on the test database; kill them after."""
     procs: list[subprocess.Popen[str]] = []
 
     def start(*args: str, **env: str) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "outbox_worker", *args],
+            [sys.executable, "-m", "django", command, *args],
             cwd=ROOT,
             env=subprocess_env(**env),
             stdout=subprocess.PIPE,
@@ -161,32 +160,18 @@ def worker_process():
         proc.wait(timeout=10)
         if proc.stdout:
             proc.stdout.close()
+
+
+@pytest.fixture
+def worker_process():
+    """Start `manage.py outbox_worker` subprocesses on the test database."""
+    yield from _command_processes("outbox_worker")
 
 
 @pytest.fixture
 def sweeper_process():
     """Start `manage.py outbox_sweep` subprocesses on the test database."""
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **env: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "outbox_sweep", *args],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
+    yield from _command_processes("outbox_sweep")
 
 
 @pytest.fixture

@@ -13,12 +13,10 @@ production: a sweeper must not take a failover for dead workers.
 from __future__ import annotations
 
 import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-import pytest
 from django.test import override_settings
 
 from outbox import enqueue_email
@@ -26,8 +24,7 @@ from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from outbox.status import snapshot as status
 from tests.cells import slow_processes
-from tests.conftest import ROOT
-from tests.servers import SMTPRecorder, subprocess_env, wait_until
+from tests.servers import SMTPRecorder, wait_until
 from tests.topologies import ClusterSetup, SentinelSetup
 
 pytestmark = slow_processes(
@@ -36,31 +33,6 @@ pytestmark = slow_processes(
 )
 
 EMAILS = 300
-
-
-@pytest.fixture
-def sweeper_process() -> Iterator[Callable[..., subprocess.Popen[str]]]:
-    procs: list[subprocess.Popen[str]] = []
-
-    def start(*args: str, **env: str) -> subprocess.Popen[str]:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "outbox_sweep", *args],
-            cwd=ROOT,
-            env=subprocess_env(**env),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        procs.append(proc)
-        return proc
-
-    yield start
-    for proc in procs:
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait(timeout=10)
-        if proc.stdout:
-            proc.stdout.close()
 
 
 def _writable() -> bool:
