@@ -42,6 +42,7 @@ from tests.benchmark.common import (
 from tests.benchmark.dashboard import DashboardMixin
 from tests.benchmark.efficiency import EfficiencyMixin
 from tests.benchmark.instruments import Instruments, profile_table
+from tests.benchmark.paths import PathsMixin
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
 from tests.benchmark.systems import SYSTEMS
@@ -65,7 +66,15 @@ def child_main(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
 
-class Child(ScaleMixin, DashboardMixin, AdminScaleMixin, BulkMixin, SendingMixin, EfficiencyMixin):
+class Child(
+    ScaleMixin,
+    DashboardMixin,
+    AdminScaleMixin,
+    BulkMixin,
+    SendingMixin,
+    EfficiencyMixin,
+    PathsMixin,
+):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
 
@@ -114,6 +123,12 @@ class Child(ScaleMixin, DashboardMixin, AdminScaleMixin, BulkMixin, SendingMixin
             self.bench_sending()
         if self.want("efficiency") and self.vendor == "postgresql":
             self.bench_efficiency()
+        # Only when named (--only latency): the latency rows alone, a minute or so.
+        if self.only and "latency" in self.only and self.vendor == "postgresql":
+            self.bench_latency()
+        # Only when named (--only paths): the functions against plain statements.
+        if self.only and "paths" in self.only and self.vendor == "postgresql":
+            self.bench_paths()
 
     # -- helpers ------------------------------------------------------------
 

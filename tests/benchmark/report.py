@@ -21,7 +21,8 @@ from typing import Any
 from tests.benchmark.admin_scale_report import admin_scale_section
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_section
-from tests.benchmark.efficiency import efficiency_section
+from tests.benchmark.efficiency import efficiency_section, latency_section
+from tests.benchmark.paths import paths_section
 from tests.benchmark.sending import sending_section
 from tests.benchmark.targets import evaluate_targets
 
@@ -195,6 +196,8 @@ def build_report(
         md += admin_scale_section(db, data["extra"].get("admin_scale"))
         md += sending_section(db, data["extra"].get("sending"))
         md += efficiency_section(db, data["extra"].get("efficiency"))
+        md += latency_section(db, data["extra"].get("latency"))
+        md += paths_section(db, data["extra"].get("paths"))
     return "\n".join(md) + "\n", targets
 
 
