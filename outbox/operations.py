@@ -1,7 +1,8 @@
 """State changes made outside the worker's hot path: by the sweeper and by operators.
 
-Each call is one transaction. The rows to change are locked and read, then
-changed with an UPDATE that repeats the same condition, so a row that moved on
+Each call applies one transition of :mod:`outbox.transitions`, in one
+transaction. The rows to change are locked and read, then changed with an
+UPDATE that repeats the same condition, so a row that moved on
 meanwhile (a worker finished it, another sweeper got there first) is skipped,
 never overwritten. Every change is written to the Attempt log with its actor,
 and rows that become ``queued`` are pushed to Redis after the commit.
@@ -10,23 +11,23 @@ and rows that become ``queued`` are pushed to Redis after the commit.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import datetime
 from functools import partial
 from typing import Any, NamedTuple
 
-from django.db import transaction
-from django.db.models import DateTimeField, F, Q, Value
-from django.db.models.functions import Greatest
+from django.db import connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from . import signals
+from . import signals, transitions
 from .db import database_now
 from .exceptions import OutboxError
 from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, outbox_alias
 from .queue.entries import QueueEntry
 from .queue.publish import publish
+from .transitions import Transition
 
 Status = Delivery.Status
 
@@ -40,8 +41,6 @@ class Locked(NamedTuple):
     worker_id: str
     not_before: datetime
 
-
-Outcome = Attempt.Outcome
 
 _CHUNK = 500
 
@@ -61,83 +60,64 @@ class TransitionResult:
 
 def transition(
     ids: Iterable[int],
+    change: Transition,
     *,
-    allowed: Sequence[str],
-    to: str,
-    outcome: str,
     actor: str,
     error: str = "",
     condition: Q | None = None,
-    updates: dict[str, Any] | None = None,
     now: datetime | None = None,
-    keep_schedule: bool = False,
 ) -> TransitionResult:
-    """Move the rows among ``ids`` whose status is in ``allowed`` to ``to``.
+    """Apply ``change`` (from :mod:`outbox.transitions`) to the rows among ``ids`` it may change.
 
     ``condition`` narrows the rows further (e.g. "still held by this dead
-    worker"). ``updates`` are extra column values. Rows reaching ``queued``
-    become due now unless ``updates`` says otherwise; with ``keep_schedule``
-    a row whose ``not_before`` is still ahead keeps it (an operator's
-    requeue of a scheduled row), the others become due now.
+    worker"); ``error`` is the text the transition writes, if it writes one,
+    and the attempt log's. A requeue that keeps its schedule
+    (:data:`~outbox.transitions.REQUEUE`) leaves a ``not_before`` still ahead.
 
     The clocks: ``now`` is the time to write (the sweeper passes Redis time,
     the clock of its other decisions). Without it (an operator's action) it is
     the database's ``now()`` on PostgreSQL, the clock the worker's due test
-    reads, and this host's clock on SQLite, which has no server clock. On
-    PostgreSQL a row that becomes ``queued`` gets ``updated_at`` from the
-    database's ``now()``, whoever acts: the sweeper's incremental mirror
-    check compares it with that clock (``sweeper/mirror.py``), so a row
-    requeued by a host whose clock is slow, and whose push failed, is still
-    found by the next pass. The sweeper's other transitions keep Redis time
-    (an abandoned row's ``updated_at`` is compared with Redis time by
-    ``sweeper/reconcile.py``).
+    reads, and this host's clock on SQLite, which has no server clock. What
+    the table writes as "the clock" (a requeued row's ``updated_at``) is the
+    database's ``now()`` on PostgreSQL whoever acts (``outbox/transitions.py``
+    says why); the sweeper's other writes keep Redis time (an abandoned row's
+    ``updated_at`` is compared with Redis time by ``sweeper/reconcile.py``).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
     for start in range(0, len(id_list), _CHUNK):
         result += _transition_chunk(
             id_list[start : start + _CHUNK],
-            allowed=allowed,
-            to=to,
-            outcome=outcome,
+            change,
             actor=actor,
             error=error,
             condition=condition,
-            updates=updates or {},
             now=now,
-            keep_schedule=keep_schedule,
         )
     return result
 
 
 def _transition_chunk(
     ids: list[int],
+    change: Transition,
     *,
-    allowed: Sequence[str],
-    to: str,
-    outcome: str,
     actor: str,
     error: str,
     condition: Q | None,
-    updates: dict[str, Any],
     now: datetime | None,
-    keep_schedule: bool,
 ) -> TransitionResult:
     result = TransitionResult()
     using = outbox_alias()
+    to = str(change.target.value)
     with transaction.atomic(using=using):
         db_now = database_now(using)  # the transaction's now(): what its statements read
         # An operator's "now" on PostgreSQL is the database's: due now by the
         # clock of the worker's claim, which Redis' follows (pushed as due now).
         due_by_database = now is None and db_now is not None
         moment = now or db_now or timezone.now()
-        values = _new_values(to, error, updates, moment)
-        if db_now is not None and to == Status.QUEUED:
-            values["updated_at"] = db_now  # the mirror window's clock
-        keep = keep_schedule and to == Status.QUEUED and "not_before" not in updates
-        if keep:
-            values["not_before"] = Greatest(F("not_before"), Value(moment, DateTimeField()))
-        match = Q(pk__in=ids, status__in=list(allowed))
+        values = change.values(connections[using].vendor, now=moment, error=error)
+        keep = change.keeps_schedule()
+        match = Q(pk__in=ids) & change.match()
         if condition is not None:
             match &= condition
         rows = [
@@ -151,7 +131,14 @@ def _transition_chunk(
         ]
         if rows:
             _change_rows(
-                using, match, rows, values, outcome=outcome, actor=actor, error=error, now=moment
+                using,
+                match,
+                rows,
+                values,
+                outcome=change.logged_as,
+                actor=actor,
+                error=error,
+                now=moment,
             )
         result.changed = [row.pk for row in rows]
         _count_skipped(using, set(ids) - set(result.changed), result.skipped)
@@ -160,7 +147,7 @@ def _transition_chunk(
             for row in rows:
                 # The push after the commit carries the row's new not_before,
                 # so it replaces any scheduled entry of the id with that time.
-                when = max(row.not_before, moment) if keep else values.get("not_before", moment)
+                when = max(row.not_before, moment) if keep else moment
                 due = 0.0 if due_by_database and when == moment else when.timestamp()
                 entries.append(QueueEntry(row.pk, row.priority, due))
             workers = {row.pk: row.worker_id for row in rows}
@@ -168,19 +155,6 @@ def _transition_chunk(
                 partial(_after_commit, to, entries, workers, actor, error), using=using
             )
     return result
-
-
-def _new_values(to: str, error: str, updates: dict[str, Any], now: datetime) -> dict[str, Any]:
-    """The column values a transition to ``to`` writes."""
-    values: dict[str, Any] = {"status": to, "updated_at": now, **updates}
-    if to == Status.QUEUED:
-        values.setdefault("not_before", now)
-        values.update(claim_token=None, worker_id="")
-    if to == Status.SENT:
-        values.setdefault("sent_at", now)
-    if error and to in (Status.FAILED, Status.ABANDONED):
-        values.setdefault("last_error", error)
-    return values
 
 
 def _change_rows(
@@ -266,13 +240,7 @@ def requeue(ids: Iterable[int], actor: str, *, send_now: bool = False) -> Transi
     ``send_now`` every row is due at once.
     """
     return transition(
-        ids,
-        allowed=[Status.ABANDONED, Status.FAILED, Status.CANCELLED],
-        to=Status.QUEUED,
-        outcome=Outcome.REQUEUED,
-        actor=actor,
-        updates={"attempts": 0, "sent_at": None},
-        keep_schedule=not send_now,
+        ids, transitions.REQUEUE_NOW if send_now else transitions.REQUEUE, actor=actor
     )
 
 
@@ -287,35 +255,14 @@ def mark_sent(ids: Iterable[int], actor: str, evidence: str = "") -> TransitionR
     ``evidence`` (what showed it: an ESP's event, say) is written on the
     attempt log's row of the decision.
     """
-    return transition(
-        ids,
-        allowed=[Status.ABANDONED],
-        to=Status.SENT,
-        outcome=Outcome.MARKED_SENT,
-        actor=actor,
-        error=evidence,
-        updates={"last_error": ""},  # the attempt log keeps why it was abandoned
-    )
+    return transition(ids, transitions.MARK_SENT, actor=actor, error=evidence)
 
 
 def mark_failed(ids: Iterable[int], actor: str) -> TransitionResult:
     """The mail logs show it never left, and it should not be sent: failed."""
-    return transition(
-        ids,
-        allowed=[Status.ABANDONED],
-        to=Status.FAILED,
-        outcome=Outcome.MARKED_FAILED,
-        actor=actor,
-        error=f"marked failed by {actor}",
-    )
+    return transition(ids, transitions.MARK_FAILED, actor=actor, error=f"marked failed by {actor}")
 
 
 def cancel(ids: Iterable[int], actor: str) -> TransitionResult:
     """Never send: queued and abandoned rows become cancelled."""
-    return transition(
-        ids,
-        allowed=[Status.QUEUED, Status.ABANDONED],
-        to=Status.CANCELLED,
-        outcome=Outcome.CANCELLED,
-        actor=actor,
-    )
+    return transition(ids, transitions.CANCEL, actor=actor)

@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.test import override_settings
 from django.utils import timezone
 
-from outbox import enqueue_email, enqueue_many, operations
+from outbox import enqueue_email, enqueue_many, operations, transitions
 from outbox.models import Attempt, Delivery, Email
 from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
@@ -156,22 +156,16 @@ def test_a_row_the_sweeper_requeues_has_updated_at_on_the_databases_clock(queue)
     [row] = enqueue_email("s", "b", None, ["a@example.com"])
     redis_time = timezone.now() - timedelta(minutes=5)  # as if Redis' clock were behind
 
-    def sweeper_moves(allowed: str, to: str) -> datetime:
+    def sweeper_moves(change: transitions.Transition) -> datetime:
         with transaction.atomic():
             db_now = transaction_now()
-            operations.transition(
-                [row.pk],
-                allowed=[allowed],
-                to=to,
-                outcome="requeued",
-                actor="sweeper",
-                now=redis_time,
-            )
+            operations.transition([row.pk], change, actor="sweeper", now=redis_time)
         return db_now
 
-    sweeper_moves(Status.QUEUED, Status.ABANDONED)
+    Delivery.objects.filter(pk=row.pk).update(status=Status.PROCESSING)  # as if claimed
+    sweeper_moves(transitions.ABANDON)
     assert Delivery.objects.get(pk=row.pk).updated_at == redis_time
-    db_now = sweeper_moves(Status.ABANDONED, Status.QUEUED)
+    db_now = sweeper_moves(transitions.REQUEUE_NOT_SENT)
     after = Delivery.objects.get(pk=row.pk)
     assert (after.updated_at, after.not_before) == (db_now, redis_time)
     assert {a.started_at for a in Attempt.objects.filter(delivery_id=row.pk)} == {redis_time}

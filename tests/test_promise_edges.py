@@ -32,7 +32,7 @@ from django.utils import timezone
 
 from outbox import enqueue_email
 from outbox.models import Attachment, Delivery, Email
-from outbox.operations import transition
+from outbox.operations import cancel, requeue_now
 from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
@@ -129,21 +129,17 @@ def test_a_blocked_worker_waits_on_a_wake_token_and_claims_by_script(queue, outb
 def test_requeue_of_a_cancelled_scheduled_row_is_due_now(queue, outbox_mail):
     """Transitions: queued (scheduled next week) -> cancelled -> queued (due now).
 
-    A transition to queued without ``keep_schedule`` (the sweeper's, and
-    "Requeue and send now") makes the row due now and replaces its old scheduled
-    entry. An operator's plain requeue keeps a later send time instead
+    A transition to queued that does not keep the schedule (the sweeper's, and
+    "Requeue and send now", ``transitions.REQUEUE_NOW``) makes the row due now and
+    replaces its old scheduled entry. An operator's plain requeue keeps a later send time instead
     (tests/test_clocks.py).
     """
     [row] = enqueue_email(
         "s", "b", None, ["a@example.com"], send_at=timezone.now() + timedelta(days=7)
     )
     assert queue.scheduled_length() == 1
-    transition(
-        [row.pk], allowed=[Status.QUEUED], to=Status.CANCELLED, outcome="cancelled", actor="t"
-    )
-    transition(
-        [row.pk], allowed=[Status.CANCELLED], to=Status.QUEUED, outcome="requeued", actor="t"
-    )
+    cancel([row.pk], "t")
+    requeue_now([row.pk], "t")
     assert queue.scheduled_length() == 0
     assert [int(i) for i in queue.redis.lrange(queue.ready_key("normal"), 0, -1)] == [row.pk]
     burst()

@@ -11,8 +11,8 @@ from django.core.mail import send_mail
 from django.db import transaction
 from django.dispatch import Signal
 
-from outbox import enqueue_email, operations, signals
-from outbox.models import Attempt, Delivery, Email
+from outbox import enqueue_email, operations, signals, transitions
+from outbox.models import Delivery, Email
 from outbox.worker import Worker
 from tests.test_backend import use_outbox, use_smtp_delivery
 
@@ -181,9 +181,7 @@ def test_delivery_abandoned_once(received):
     delivery = processing_row("host:123:abcdef")
     result = operations.transition(
         [delivery.pk, delivery.pk],
-        allowed=[Delivery.Status.PROCESSING],
-        to=Delivery.Status.ABANDONED,
-        outcome=Attempt.Outcome.ABANDONED,
+        transitions.ABANDON,
         actor="sweeper",
         error="worker went away mid-send",
     )
@@ -194,9 +192,7 @@ def test_delivery_abandoned_once(received):
     # Doing it again changes nothing and signals nothing.
     operations.transition(
         [delivery.pk],
-        allowed=[Delivery.Status.PROCESSING],
-        to=Delivery.Status.ABANDONED,
-        outcome=Attempt.Outcome.ABANDONED,
+        transitions.ABANDON,
         actor="sweeper",
     )
     assert len(received["delivery_abandoned"].calls) == 1
@@ -207,9 +203,7 @@ def test_delivery_abandoned_not_sent_on_rollback(received):
     with pytest.raises(RuntimeError), transaction.atomic():
         operations.transition(
             [delivery.pk],
-            allowed=[Delivery.Status.PROCESSING],
-            to=Delivery.Status.ABANDONED,
-            outcome=Attempt.Outcome.ABANDONED,
+            transitions.ABANDON,
             actor="sweeper",
         )
         raise RuntimeError
@@ -224,9 +218,7 @@ def test_operator_settling_an_abandoned_row(received):
     for pk in (first.pk, second.pk):
         operations.transition(
             [pk],
-            allowed=[Delivery.Status.PROCESSING],
-            to=Delivery.Status.ABANDONED,
-            outcome=Attempt.Outcome.ABANDONED,
+            transitions.ABANDON,
             actor="sweeper",
         )
     operations.mark_sent([first.pk], actor="alice")

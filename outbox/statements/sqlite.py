@@ -1,9 +1,7 @@
 """The SQLite hot path, whole: every statement that runs once per email or per call.
 
-- ``SENT``, ``CLAIM``, ``CLAIM_WITH_CONTENT``: the worker's step, the success
-  of the message in hand (step 4) and the claim of the next one (step 2),
-  written in one transaction (SQLite has no data-modifying CTE); the claim
-  returns the email's content too;
+- ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
+  step's two UPDATEs are rendered from ``outbox/transitions.py``);
 - ``EMAIL``: an email's content, when the claim did not bring it;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
@@ -28,34 +26,12 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 
 # -- the worker ---------------------------------------------------------------------------
 
-# Step 4 for a success.
-SENT = """
-UPDATE outbox_delivery SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
-    last_error = ''
-WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
-    AND claim_token = %(settle_token)s
-"""
-
-# Step 2. A row whose ``expires_at`` has passed is claimed into ``cancelled``
-# instead of ``processing``, without counting an attempt; its status, last in
-# RETURNING, tells the worker to drop it unsent.
-CLAIM = """
-UPDATE outbox_delivery SET
-    status = CASE WHEN expires_at <= %(now)s THEN %(cancelled)s ELSE %(processing)s END,
-    last_error = CASE WHEN expires_at <= %(now)s THEN %(expired)s ELSE last_error END,
-    worker_id = %(worker)s,
-    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-    attempts = attempts + CASE WHEN expires_at <= %(now)s THEN 0 ELSE 1 END
-WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= %(now)s
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
-"""
-
-# Step 2 as the step runs it: the email's content comes back too, as one JSON
-# object built by a subquery, keyed by column name, unless the worker has it
-# cached (%(known)s).
-CLAIM_WITH_CONTENT = (
-    CLAIM.rstrip()
-    + """,
+# The worker's step is two transitions of ``outbox/transitions.py`` (SENT and
+# CLAIM), rendered for SQLite there and run in one transaction
+# (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The claim's
+# RETURNING brings the email's content too, as one JSON object built by this
+# subquery, keyed by column name, unless the worker has it cached (%(known)s).
+CLAIMED_CONTENT = """,
     CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_object('subject', e.subject, 'body', e.body,
             'html_message', e.html_message, 'from_email', e.from_email,
@@ -65,7 +41,6 @@ CLAIM_WITH_CONTENT = (
         FROM outbox_email e WHERE e.id = email_id
     ) END AS content
 """
-)
 
 # An email's content, when the claim did not bring it.
 EMAIL = """

@@ -41,7 +41,7 @@ from typing import Any, cast
 from django.db.models import F, Q
 from django.utils.module_loading import import_string
 
-from .. import operations
+from .. import operations, transitions
 from ..conf import outbox_settings
 from ..models import Attempt, Delivery
 from ..queue.clock import from_timestamp
@@ -195,13 +195,10 @@ def _settle(
     if answer.verdict is Verdict.SENT:
         result = operations.transition(
             [pk],
-            allowed=[Status.ABANDONED],
-            to=Status.SENT,
-            outcome=Outcome.MARKED_SENT,
+            transitions.MARK_SENT,
             actor=actor,
             error=answer.evidence,
             condition=same_claim,
-            updates={"last_error": ""},
             now=when,
         )
         report.sent += len(result.changed)
@@ -209,9 +206,7 @@ def _settle(
     if answer.verdict is Verdict.NOT_SENT and (answer.sure or policy == "requeue"):
         result = operations.transition(
             [pk],
-            allowed=[Status.ABANDONED],
-            to=Status.QUEUED,
-            outcome=Outcome.REQUEUED,
+            transitions.REQUEUE_NOT_SENT,
             actor=actor,
             error=answer.evidence,
             condition=same_claim & Q(attempts__lt=F("max_attempts")),

@@ -44,7 +44,7 @@ from django.db.models import F, Q
 from django.utils import timezone
 from redis.exceptions import RedisError
 
-from .. import operations
+from .. import operations, transitions
 from ..conf import outbox_settings
 from ..db import database_address, database_problem
 from ..models import Attempt, Delivery, Email, outbox_alias
@@ -258,9 +258,7 @@ class Sweeper:
         if self.policy == "requeue":
             result = operations.transition(
                 ids,
-                allowed=[Status.PROCESSING],
-                to=Status.QUEUED,
-                outcome=Outcome.REQUEUED,
+                transitions.REQUEUE_DEAD,
                 actor=ACTOR,
                 now=now,
                 error=f"{who} went away mid-send; requeued (the email may arrive twice)",
@@ -269,9 +267,7 @@ class Sweeper:
             report.requeued += len(result.changed)
             result = operations.transition(
                 ids,
-                allowed=[Status.PROCESSING],
-                to=Status.FAILED,
-                outcome=Outcome.FAILED,
+                transitions.FAIL_DEAD,
                 actor=ACTOR,
                 now=now,
                 error=f"{who} went away mid-send on every attempt; giving up",
@@ -281,9 +277,7 @@ class Sweeper:
         else:
             result = operations.transition(
                 ids,
-                allowed=[Status.PROCESSING],
-                to=Status.ABANDONED,
-                outcome=Outcome.ABANDONED,
+                transitions.ABANDON,
                 actor=ACTOR,
                 now=now,
                 error=(
@@ -331,15 +325,7 @@ class Sweeper:
             return
         error = f"expired: not sent before its expires_at; cancelled by the {ACTOR}"
         result = operations.transition(
-            ids,
-            allowed=[Status.QUEUED],
-            to=Status.CANCELLED,
-            outcome=Outcome.CANCELLED,
-            actor=ACTOR,
-            now=now,
-            error=error,
-            condition=expired,
-            updates={"last_error": error},
+            ids, transitions.EXPIRE, actor=ACTOR, now=now, error=error, condition=expired
         )
         report.expired += len(result.changed)
 

@@ -61,8 +61,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import DatabaseError, transaction
-from django.db.models import F
 
+from .. import transitions
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
@@ -159,6 +159,16 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
 
 
+# What each outcome other than a success writes (a success: ``sql.mark_sent``).
+_WRITES: dict[str, transitions.Transition] = {
+    Outcome.FAILED: transitions.FAILED,
+    Outcome.AMBIGUOUS: transitions.IN_DOUBT,
+    Outcome.CANCELLED: transitions.DROPPED,
+    Outcome.RETRY: transitions.RETRY,
+    Outcome.RELEASED: transitions.RELEASE,
+}
+
+
 def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]], None]) -> int:
     """Write ``s`` inside the caller's transaction; returns how many rows changed.
 
@@ -176,35 +186,14 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         if changed and (s.error or s.esp_message_id) and not attempt_logged(s):
             log_attempt(s, now)  # where a redirected copy went; the ESP's id of it
         return changed or sent_but_not_ours(s, now)
-    rows = Delivery.objects.filter(
-        pk=delivery.pk, status=Status.PROCESSING, claim_token=s.started.token
+    changed = _WRITES[s.outcome].apply(
+        delivery.pk,
+        s.started.token,
+        now=now,
+        error=s.error,
+        retry_at=s.retry_at,
+        not_before=now,  # released: due again at once
     )
-    if s.outcome == Outcome.FAILED:
-        changed = rows.update(status=Status.FAILED, last_error=s.error, updated_at=now)
-    elif s.outcome == Outcome.AMBIGUOUS:
-        changed = rows.update(status=Status.ABANDONED, last_error=s.error, updated_at=now)
-    elif s.outcome == Outcome.CANCELLED:
-        changed = rows.update(
-            status=Status.CANCELLED, attempts=F("attempts") - 1, last_error=s.error, updated_at=now
-        )
-    elif s.outcome == Outcome.RETRY:
-        changed = rows.update(
-            status=Status.QUEUED,
-            not_before=s.retry_at,
-            last_error=s.error,
-            claim_token=None,
-            worker_id="",
-            updated_at=now,
-        )
-    else:  # released: not sent, so the attempt does not count
-        changed = rows.update(
-            status=Status.QUEUED,
-            attempts=F("attempts") - 1,
-            not_before=now,
-            claim_token=None,
-            worker_id="",
-            updated_at=now,
-        )
     if not changed and attempt_logged(s):
         # A retry after a commit whose reply was lost: nothing to write again.
         changed = 1
@@ -278,11 +267,9 @@ def settle_refused(s: Settlement, now: datetime) -> int:
             outcome, error = Outcome.AMBIGUOUS, f"{s.error}; {why}"
         else:
             outcome, error = Outcome.FAILED, f"{s.error}; {why}" if s.error else why
-        status = Status.ABANDONED if outcome == Outcome.AMBIGUOUS else Status.FAILED
+        change = transitions.IN_DOUBT if outcome == Outcome.AMBIGUOUS else transitions.FAILED
         error = storable(error)
-        changed = Delivery.objects.filter(
-            pk=delivery.pk, status=Status.PROCESSING, claim_token=token
-        ).update(status=status, last_error=error, updated_at=now)
+        changed = change.apply(delivery.pk, token, now=now, error=error)
     s.outcome, s.error, s.refused = outcome, error, []
     return changed
 

@@ -26,11 +26,13 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 from django.db.models import F
 from django.db.models.functions import Now
 
+from .. import transitions
 from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance, rows_by_name
 from ..models import Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
+from ..transitions import named
 
 Status = Delivery.Status
 
@@ -107,6 +109,20 @@ def _db() -> BaseDatabaseWrapper:
 def _statements(db: BaseDatabaseWrapper) -> ModuleType:
     """The statements of ``db``: PostgreSQL's, or SQLite's (which take the clock)."""
     return postgresql if db.vendor == "postgresql" else sqlite
+
+
+@functools.cache
+def _sent(vendor: str) -> str:
+    """Step 4 for a success (:data:`outbox.transitions.SENT`), on the row ``settle_id``."""
+    return transitions.SENT.sql(vendor, named(id="settle_id", token="settle_token"))
+
+
+@functools.cache
+def _claim(vendor: str) -> str:
+    """Step 2 (:data:`outbox.transitions.CLAIM`), on the row ``claim_id``; SQLite's brings
+    the email's content too (``sqlite.CLAIMED_CONTENT``)."""
+    text = transitions.CLAIM.sql(vendor, named(id="claim_id"))
+    return text if vendor == "postgresql" else text.rstrip() + sqlite.CLAIMED_CONTENT
 
 
 def _params(
@@ -209,7 +225,7 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     db = _db()
     with db.cursor() as cursor:
         cursor.execute(
-            _statements(db).CLAIM, _params(db, now, claim_id=pk, worker=worker_id, token=token)
+            _claim(db.vendor), _params(db, now, claim_id=pk, worker=worker_id, token=token)
         )
         found = cursor.fetchone()
         if found is None:
@@ -351,10 +367,10 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
                 params = _step_params(step, db)
                 settled, row = 0, None
                 if step.settle is not None:
-                    cursor.execute(_dbapi_text(sqlite.SENT), params)
+                    cursor.execute(_dbapi_text(_sent("sqlite")), params)
                     settled = cursor.rowcount
                 if step.claim_id is not None:
-                    cursor.execute(_dbapi_text(sqlite.CLAIM_WITH_CONTENT), params)
+                    cursor.execute(_dbapi_text(_claim("sqlite")), params)
                     claimed = cursor.fetchone()
                     if claimed is not None:
                         row = rows_by_name.one(ClaimColumns, cursor, claimed)
@@ -395,45 +411,33 @@ def _dbapi_text(template: str) -> str:
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
     db = _db()
     with db.cursor() as cursor:
-        cursor.execute(_statements(db).SENT, _params(db, now, settle_id=pk, settle_token=token))
+        cursor.execute(_sent(db.vendor), _params(db, now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
 def unclaim(pk: int, token: uuid.UUID, now: datetime, not_before: datetime | None = None) -> int:
-    """Give a claimed row back: ``processing`` under ``token`` -> ``queued``, not an attempt.
+    """Give a claimed row back unsent (:data:`outbox.transitions.RELEASE`): not an attempt.
 
-    One conditional UPDATE; 0 means the row is not ours (never claimed under
-    this token, or settled by someone else). Its id may be pushed only after
-    this committed: pushed first, another worker would skip the row still
-    ``processing`` and drop the id.
+    0 means the row is not ours (never claimed under this token, or settled
+    by someone else). Its id may be pushed only after this committed: pushed
+    first, another worker would skip the row still ``processing`` and drop
+    the id. Without ``not_before`` the row keeps the one it was due at.
     """
-    updates: dict[str, Any] = {
-        "status": Status.QUEUED,
-        "attempts": F("attempts") - 1,
-        "claim_token": None,
-        "worker_id": "",
-        "updated_at": now,
-    }
-    if not_before is not None:
-        updates["not_before"] = not_before
-    return Delivery.objects.filter(pk=pk, status=Status.PROCESSING, claim_token=token).update(
-        **updates
-    )
+    when = F("not_before") if not_before is None else not_before
+    return transitions.RELEASE.apply(pk, token, now=now, not_before=when)
 
 
 def note_server(pk: int, token: uuid.UUID, host: str, address: str) -> int:
     """Record on the row where this attempt hands it over, before SMTP's final dot.
 
-    ``processing`` under ``token`` only; 0 means the row is not ours any
-    more (the sweeper or an operator settled it): the message must not go.
-    Written before the hand-over, so that a worker killed while it waits
-    for the server's reply leaves the row naming its server: a reconciler
-    may rule a handover out only from that server's log
-    (:mod:`outbox.reconcilers.evidence`).
+    ``processing`` under ``token`` only (:data:`outbox.transitions.NOTE_SERVER`);
+    0 means the row is not ours any more (the sweeper or an operator settled
+    it): the message must not go. Written before the hand-over, so that a
+    worker killed while it waits for the server's reply leaves the row naming
+    its server: a reconciler may rule a handover out only from that server's
+    log (:mod:`outbox.reconcilers.evidence`).
     """
-    return Delivery.objects.filter(pk=pk, status=Status.PROCESSING, claim_token=token).update(
-        server_host=host, server_address=address
-    )
+    return transitions.NOTE_SERVER.apply(pk, token, host=host, address=address)
 
 
 def load_email(email_id: int) -> tuple[Email, bool]:
