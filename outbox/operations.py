@@ -79,7 +79,7 @@ def transition(
     the database's ``now()`` on PostgreSQL, the clock the worker's due test
     reads, and this host's clock on SQLite, which has no server clock. What
     the table writes as "the clock" (a requeued row's ``updated_at``) is the
-    database's ``now()`` on PostgreSQL whoever acts (``outbox/transitions.py``
+    database's ``now()`` on PostgreSQL whoever acts (``outbox/transitions/table.py``
     says why); the sweeper's other writes keep Redis time (an abandoned row's
     ``updated_at`` is compared with Redis time by ``sweeper/reconcile.py``).
     """

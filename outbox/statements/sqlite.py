@@ -1,7 +1,7 @@
 """The SQLite hot path, whole: every statement that runs once per email or per call.
 
 - ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
-  step's two UPDATEs are rendered from ``outbox/transitions.py``);
+  step's two UPDATEs are rendered from ``outbox/transitions/``);
 - ``EMAIL``: an email's content, when the claim did not bring it;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
@@ -26,7 +26,7 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 
 # -- the worker ---------------------------------------------------------------------------
 
-# The worker's step is two transitions of ``outbox/transitions.py`` (SENT and
+# The worker's step is two transitions of ``outbox/transitions/table.py`` (SENT and
 # CLAIM), rendered for SQLite there and run in one transaction
 # (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The claim's
 # RETURNING brings the email's content too, as one JSON object built by this

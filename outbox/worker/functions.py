@@ -11,7 +11,7 @@ A migration carries the DDL it ran as frozen text, as migrations do, so that
 migrating an old database replays its history; the newest migration that
 creates a function must carry what :func:`step_function` and
 :func:`steps_function` render now (``tests/test_transitions.py`` checks it).
-A change to either transition is therefore its edit in ``transitions.py``
+A change to either transition is therefore its edit in ``outbox/transitions/table.py``
 plus a new migration with the DDL these print::
 
     python -c "from outbox.worker.functions import print_ddl; print_ddl()"

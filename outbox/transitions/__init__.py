@@ -1,0 +1,92 @@
+"""Every change of a delivery's status, written once: where it starts, what guards it, what it sets.
+
+Each :class:`Transition` below is one conditional UPDATE of ``outbox_delivery``:
+the statuses the row must be in (``source``), what else must hold (``guard``:
+the claim token of the attempt, or that the row is due), and the columns it
+writes (``sets``). Nothing else in the package writes a status. Two renderings
+are derived from the same entry:
+
+- :meth:`Transition.sql`: the statement's text for one database, which the
+  worker's step runs (``CLAIM`` and ``SENT``: see ``outbox/worker/sql.py``);
+- :meth:`Transition.values` and :meth:`Transition.match`: the same write as a
+  Django ``QuerySet.update()``, which the worker's other outcomes and every
+  operator or sweeper change run (:mod:`outbox.operations`).
+
+What a database does differently is one branch, in :meth:`_Clock.sql` and
+:meth:`_Clock.orm`: whether a row is due or expired, and the time written where
+the table says "the clock", is the database server's ``now()`` on PostgreSQL,
+and the ``now`` the caller passes (Redis time, or an operator's host time) on
+SQLite, which has no server clock.
+
+A count of the rows changed is the answer of every transition: 0 means the row
+was not in a source status (settled by someone else, a stale id, a late
+worker), and the caller acts on that, never on a status it read before.
+"""
+
+from .render import (
+    CLOCK,
+    DUE,
+    TOKEN,
+    Column,
+    Const,
+    IfExpired,
+    NotBefore,
+    Param,
+    Placeholder,
+    Transition,
+    named,
+)
+from .table import (
+    ABANDON,
+    ALL,
+    CANCEL,
+    CLAIM,
+    DROPPED,
+    EXPIRE,
+    FAIL_DEAD,
+    FAILED,
+    IN_DOUBT,
+    MARK_FAILED,
+    MARK_SENT,
+    NOTE_SERVER,
+    RELEASE,
+    REQUEUE,
+    REQUEUE_DEAD,
+    REQUEUE_NOT_SENT,
+    REQUEUE_NOW,
+    RETRY,
+    SENT,
+)
+
+__all__ = [
+    "ABANDON",
+    "ALL",
+    "CANCEL",
+    "CLAIM",
+    "CLOCK",
+    "DROPPED",
+    "DUE",
+    "EXPIRE",
+    "FAILED",
+    "FAIL_DEAD",
+    "IN_DOUBT",
+    "MARK_FAILED",
+    "MARK_SENT",
+    "NOTE_SERVER",
+    "RELEASE",
+    "REQUEUE",
+    "REQUEUE_DEAD",
+    "REQUEUE_NOT_SENT",
+    "REQUEUE_NOW",
+    "RETRY",
+    "SENT",
+    "TOKEN",
+    "Column",
+    "Const",
+    "IfExpired",
+    "NotBefore",
+    "Param",
+    "Placeholder",
+    "Transition",
+    "named",
+]
