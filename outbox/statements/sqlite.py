@@ -27,7 +27,7 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 # -- the worker ---------------------------------------------------------------------------
 
 # The worker's step is two transitions of ``outbox/transitions/table.py`` (SENT and
-# CLAIM), rendered for SQLite there and run in one transaction
+# MARK), rendered for SQLite there and run in one transaction
 # (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The claim's
 # RETURNING brings the email's content too, as one JSON object built by this
 # subquery, keyed by column name, unless the worker has it cached (%(known)s).

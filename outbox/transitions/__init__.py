@@ -7,7 +7,7 @@ writes (``sets``). Nothing else in the package writes a status. Two renderings
 are derived from the same entry:
 
 - :meth:`Transition.sql`: the statement's text for one database, which the
-  worker's step runs (``CLAIM`` and ``SENT``: see ``outbox/worker/sql.py``);
+  worker's step runs (``MARK`` and ``SENT``: see ``outbox/worker/sql.py``);
 - :meth:`Transition.values` and :meth:`Transition.match`: the same write as a
   Django ``QuerySet.update()``, which the worker's other outcomes and every
   operator or sweeper change run (:mod:`outbox.operations`).
@@ -40,12 +40,12 @@ from .table import (
     ABANDON,
     ALL,
     CANCEL,
-    CLAIM,
     DROPPED,
     EXPIRE,
     FAIL_DEAD,
     FAILED,
     IN_DOUBT,
+    MARK,
     MARK_FAILED,
     MARK_SENT,
     NOTE_SERVER,
@@ -62,7 +62,6 @@ __all__ = [
     "ABANDON",
     "ALL",
     "CANCEL",
-    "CLAIM",
     "CLOCK",
     "DROPPED",
     "DUE",
@@ -70,6 +69,7 @@ __all__ = [
     "FAILED",
     "FAIL_DEAD",
     "IN_DOUBT",
+    "MARK",
     "MARK_FAILED",
     "MARK_SENT",
     "NOTE_SERVER",

@@ -127,7 +127,7 @@ class NotBefore:
 
 @dataclass(frozen=True)
 class IfExpired:
-    """``then`` for a row past its ``expires_at`` by the clock, else ``otherwise`` (the claim)."""
+    """``then`` for a row past its ``expires_at`` by the clock, else ``otherwise`` (the mark)."""
 
     then: Any
     otherwise: Any
@@ -139,7 +139,7 @@ class IfExpired:
         )
 
     def orm(self, vendor: str, params: Mapping[str, Any]) -> Any:
-        raise TypeError("the claim runs as its statement only (the worker's step)")
+        raise TypeError("the mark runs as its statement only (the worker's step)")
 
 
 # -- a transition ------------------------------------------------------------------------
@@ -163,7 +163,7 @@ class Transition:
 
     @property
     def target(self) -> Any:
-        """The status written (an :class:`IfExpired` for the claim)."""
+        """The status written (an :class:`IfExpired` for the mark)."""
         return self.sets["status"]
 
     def sql(

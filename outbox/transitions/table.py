@@ -15,11 +15,11 @@ _UNCLAIMED = {"claim_token": Const(None), "worker_id": Const("")}
 
 # The worker's, one row under the claim token of its attempt.
 
-CLAIM = Transition(
-    "claim",
+MARK = Transition(
+    "mark",
     source=(Status.QUEUED,),
     guard=(DUE,),
-    # A row past its expires_at is claimed into cancelled instead, without
+    # A row past its expires_at is marked cancelled instead, without
     # counting an attempt; its status, returned last, tells the worker to drop it.
     sets={
         "status": IfExpired(Const(Status.CANCELLED), Const(Status.PROCESSING)),
@@ -186,14 +186,14 @@ CANCEL = Transition(
     logged_as=Outcome.CANCELLED,
 )
 EXPIRE = Transition(
-    "expire",  # queued past its expires_at (the sweeper; the claim does the same for itself)
+    "expire",  # queued past its expires_at (the sweeper; the mark does the same for itself)
     source=(Status.QUEUED,),
     sets={"status": Const(Status.CANCELLED), "last_error": _ERROR, "updated_at": _NOW},
     logged_as=Outcome.CANCELLED,
 )
 
 ALL = (
-    CLAIM, SENT, FAILED, IN_DOUBT, DROPPED, RETRY, RELEASE, NOTE_SERVER,
+    MARK, SENT, FAILED, IN_DOUBT, DROPPED, RETRY, RELEASE, NOTE_SERVER,
     REQUEUE, REQUEUE_NOW, REQUEUE_DEAD, REQUEUE_NOT_SENT, ABANDON, FAIL_DEAD,
     MARK_SENT, MARK_FAILED, CANCEL, EXPIRE,
 )  # fmt: skip

@@ -2,7 +2,7 @@
 
 ``outbox_step`` (one thread's step) and ``outbox_steps`` (the group commit's
 batch of steps) run the transitions :data:`~outbox.transitions.SENT` and
-:data:`~outbox.transitions.CLAIM` inside PostgreSQL: measured, a call costs
+:data:`~outbox.transitions.MARK` inside PostgreSQL: measured, a call costs
 PostgreSQL well under half the CPU of the same statements sent as plain text,
 which it would parse and plan anew each time
 (``tests/benchmark/results/paths-postgres.md``).
@@ -60,7 +60,7 @@ def step_function() -> str:
         "postgresql",
         _arguments({"id": "p_settle_id", "token": "p_settle_token", "now": "p_now"}),
     )
-    claim = transitions.CLAIM.sql(
+    claim = transitions.MARK.sql(
         "postgresql",
         _arguments(
             {
@@ -122,7 +122,7 @@ def steps_function() -> str:
         _arguments({"id": "x.settle_id", "token": "x.settle_token", "now": "x.now"}),
         join="x",
     )
-    claim = transitions.CLAIM.sql(
+    claim = transitions.MARK.sql(
         "postgresql",
         _arguments(
             {
@@ -134,7 +134,7 @@ def steps_function() -> str:
             }
         ),
         join="x",
-        returning=("id", "claim_token", *transitions.CLAIM.returns),
+        returning=("id", "claim_token", *transitions.MARK.returns),
     )
     return f"""
 CREATE OR REPLACE FUNCTION outbox_steps(

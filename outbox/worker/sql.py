@@ -45,7 +45,7 @@ class ClaimedRow(NamedTuple):
 
 
 class ClaimColumns(NamedTuple):
-    """What the claim returns (``CLAIM``'s RETURNING), read by column name."""
+    """What the claim returns (``MARK``'s RETURNING), read by column name."""
 
     email_id: int
     recipient: str
@@ -119,9 +119,9 @@ def _sent(vendor: str) -> str:
 
 @functools.cache
 def _claim(vendor: str) -> str:
-    """Step 2 (:data:`outbox.transitions.CLAIM`), on the row ``claim_id``; SQLite's brings
+    """Step 2 (:data:`outbox.transitions.MARK`), on the row ``claim_id``; SQLite's brings
     the email's content too (``sqlite.CLAIMED_CONTENT``)."""
-    text = transitions.CLAIM.sql(vendor, named(id="claim_id"))
+    text = transitions.MARK.sql(vendor, named(id="claim_id"))
     return text if vendor == "postgresql" else text.rstrip() + sqlite.CLAIMED_CONTENT
 
 
