@@ -57,12 +57,6 @@ DEFAULTS: dict[str, Any] = {
     "BLOCK_TIMEOUT": 1.0,
     # The sweeper re-checks every queued row against Redis at least this often.
     "MIRROR_FULL_SCAN_INTERVAL": 3600.0,
-    # PostgreSQL: run the worker's per-email statement through the PL/pgSQL
-    # function the migrations create (its plans are cached per connection, a
-    # saving as large as prepared statements', without needing them). False:
-    # the same statement as plain SQL, for databases where functions may not be
-    # created (fake-apply migrations 0005 and 0008 then).
-    "POSTGRESQL_FUNCTIONS": True,
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
@@ -113,6 +107,12 @@ DEFAULTS: dict[str, Any] = {
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
+# Settings a release has retired, with why: a project that still sets one is
+# told so (check outbox.W001) instead of its key being reported as unknown.
+RETIRED: dict[str, str] = {
+    "POSTGRESQL_FUNCTIONS": "the PostgreSQL functions are always on",
+}
+
 ABANDONED_POLICIES: tuple[str, ...] = ("review", "requeue")
 
 
@@ -229,10 +229,6 @@ class OutboxSettings:
     @property
     def MIRROR_FULL_SCAN_INTERVAL(self) -> float:
         return self._number("MIRROR_FULL_SCAN_INTERVAL")
-
-    @property
-    def POSTGRESQL_FUNCTIONS(self) -> bool:
-        return bool(self._get("POSTGRESQL_FUNCTIONS"))
 
     @property
     def METRICS_TOKEN(self) -> str | None:

@@ -66,6 +66,18 @@ def test_unknown_key(settings):
     assert warning.id == "outbox.W001" and "COLOUR" in warning.msg
 
 
+@pytest.mark.parametrize("value", [True, False])
+def test_a_retired_key_says_it_is_no_longer_used(settings, value):
+    # Not "unknown": the project set it on purpose, and should learn why it went.
+    outbox(settings, POSTGRESQL_FUNCTIONS=value)
+    [warning] = outbox_checks()
+    assert warning.id == "outbox.W001"
+    assert warning.msg == (
+        "OUTBOX: POSTGRESQL_FUNCTIONS is no longer used: "
+        "the PostgreSQL functions are always on (remove it)."
+    )
+
+
 @pytest.mark.parametrize(
     ("key", "meant"),
     [

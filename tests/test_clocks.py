@@ -87,9 +87,7 @@ def not_before(rows) -> set[datetime]:
 
 
 @postgresql_only
-@pytest.mark.parametrize("functions", [True, False])
-def test_enqueue_writes_the_databases_now_as_not_before(settings, functions, queue):
-    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
+def test_enqueue_writes_the_databases_now_as_not_before(queue):
     send_at = datetime.now(UTC) + timedelta(hours=1)
     with transaction.atomic():
         # now() is the transaction's start: before any time this host reads inside it.

@@ -462,22 +462,14 @@ def test_a_short_backlog_is_spread_over_the_idle_threads(settings, outbox_mail):
     assert Delivery.objects.filter(status=Status.SENT).count() == 4
 
 
-@pytest.mark.parametrize(
-    ("functions", "pattern"), [(True, "%outbox_step(%"), (False, "%claimed AS%")]
-)
-def test_the_step_statement_is_prepared_only_when_django_allows_it(functions, pattern, settings):
-    """Prepared statements follow the project's OPTIONS["prepare_threshold"].
-
-    Both ways of writing the step: the PL/pgSQL function's call, and the plain
-    statement (``POSTGRESQL_FUNCTIONS`` False).
-    """
+def test_the_step_statement_is_prepared_only_when_django_allows_it():
+    """Prepared statements follow the project's OPTIONS["prepare_threshold"]: the step's call."""
     from django.db import connection
 
     from outbox.worker.sql import Step, run_steps
 
     if connection.vendor != "postgresql":
         pytest.skip("PostgreSQL only: SQLite has no server-side prepared statements")
-    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
     first, second = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     connection.ensure_connection()
     raw = connection.connection
@@ -487,7 +479,7 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it(functions, pa
         with connection.cursor() as cursor:
             cursor.execute(
                 "SELECT count(*) FROM pg_prepared_statements WHERE statement LIKE %s",
-                [pattern],
+                ["%outbox_step(%"],
             )
             return cursor.fetchone()[0]
 

@@ -14,7 +14,7 @@ from typing import Any
 from django.conf import settings
 from django.core.checks import CheckMessage, Error, Warning, register
 
-from ..conf import ABANDONED_POLICIES, DEFAULTS, SettingTypeError, outbox_settings
+from ..conf import ABANDONED_POLICIES, DEFAULTS, RETIRED, SettingTypeError, outbox_settings
 
 
 def outbox_dict() -> dict[str, Any] | None:
@@ -54,7 +54,7 @@ def outbox_check(
 def check_outbox_is_a_dict(
     app_configs: Sequence[Any] | None = None, **kwargs: Any
 ) -> list[CheckMessage]:
-    """E001, E026, W001: ``OUTBOX`` is a dict of known keys, none of them misspelt."""
+    """E001, E026, W001: ``OUTBOX`` is a dict of known keys, none misspelt or retired."""
     raw = outbox_dict()
     if raw is None:
         return [
@@ -75,6 +75,15 @@ def _check_unknown_keys(raw: dict[str, Any]) -> list[CheckMessage]:
     messages: list[CheckMessage] = []
     far = []
     for key in sorted(str(k) for k in set(raw) - set(DEFAULTS)):
+        if key in RETIRED:
+            messages.append(
+                Warning(
+                    f"OUTBOX: {key} is no longer used: {RETIRED[key]} (remove it).",
+                    hint=f"Remove {key} from OUTBOX: it has no effect.",
+                    id="outbox.W001",
+                )
+            )
+            continue
         close = difflib.get_close_matches(key.upper(), DEFAULTS, n=1, cutoff=0.8)
         if close:
             messages.append(

@@ -20,7 +20,6 @@ from typing import Any, NamedTuple
 from django.db import connections, transaction
 
 from ..compat.django import mark_saved
-from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance, rows_by_name
 from ..models import Delivery, Email
 from ..statements import postgresql, sqlite
@@ -116,10 +115,8 @@ def insert_postgresql(
         "mailer": p.mailer,
         "structure": None if p.structure is None else json.dumps(p.structure),
     }
-    # The functions predate Email.structure: a drop-in message takes the statement.
-    functions = outbox_settings.POSTGRESQL_FUNCTIONS and p.structure is None
     with binding_cursor(connections[using]) as cursor:
-        if functions and len(p.recipients) == 1:
+        if len(p.recipients) == 1:
             params.update(recipient=p.recipients[0], message_id=message_ids[0], bare=bare[0])
             cursor.execute(postgresql.ENQUEUE_ONE_CALL, params)
             one = rows_by_name.one(EnqueuedOne, cursor, cursor.fetchone())
@@ -142,7 +139,7 @@ def insert_postgresql(
                 queued=Delivery.Status.QUEUED,
                 cancelled=Delivery.Status.CANCELLED,
             )
-            cursor.execute(postgresql.ENQUEUE_CALL if functions else postgresql.ENQUEUE, params)
+            cursor.execute(postgresql.ENQUEUE_CALL, params)
             returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())
     email.pk = returned[0].email_id
     now = returned[0].now  # the database's now(), which the rows hold

@@ -1,17 +1,11 @@
-"""The worker's step and enqueue_email's insert as PL/pgSQL functions on PostgreSQL.
+"""Once: the worker's step and enqueue_email's insert as PL/pgSQL functions on PostgreSQL.
 
-See outbox/statements/functions.py. Elsewhere the migration does nothing.
+It created them only while a setting allowed it. The functions are now
+created by migration 0017 alone (with the DDL in that file), so this one does
+nothing; it stays so that the migration graph is unchanged.
 """
 
 from django.db import migrations
-
-from outbox.statements.functions import (
-    DROP_ENQUEUE,
-    DROP_STEP,
-    ENQUEUE_FUNCTION_V1,
-    STEP_FUNCTION_V1,
-    run_on_postgresql,
-)
 
 
 class Migration(migrations.Migration):
@@ -19,7 +13,5 @@ class Migration(migrations.Migration):
         ("outbox", "0004_content"),
     ]
 
-    operations = [
-        migrations.RunPython(run_on_postgresql(STEP_FUNCTION_V1), run_on_postgresql(DROP_STEP)),
-        migrations.RunPython(run_on_postgresql(ENQUEUE_FUNCTION_V1), run_on_postgresql(DROP_ENQUEUE)),
-    ]
+    # The functions are now created by 0017_postgresql_functions.
+    operations = []

@@ -1,16 +1,11 @@
-"""enqueue_email's insert for one recipient as a PL/pgSQL function on PostgreSQL.
+"""Once: enqueue_email's insert for one recipient as a PL/pgSQL function on PostgreSQL.
 
-See ENQUEUE_ONE_FUNCTION_V1 in outbox/statements/functions.py. Elsewhere the
-migration does nothing.
+The functions are now created by migration 0017 alone (with the DDL in that
+file), so this one does nothing; it stays so that the migration graph is
+unchanged.
 """
 
 from django.db import migrations
-
-from outbox.statements.functions import (
-    DROP_ENQUEUE_ONE,
-    ENQUEUE_ONE_FUNCTION_V1,
-    run_on_postgresql,
-)
 
 
 class Migration(migrations.Migration):
@@ -18,8 +13,5 @@ class Migration(migrations.Migration):
         ("outbox", "0007_email_mailer"),
     ]
 
-    operations = [
-        migrations.RunPython(
-            run_on_postgresql(ENQUEUE_ONE_FUNCTION_V1), run_on_postgresql(DROP_ENQUEUE_ONE)
-        ),
-    ]
+    # The functions are now created by 0017_postgresql_functions.
+    operations = []

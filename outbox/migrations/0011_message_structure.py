@@ -1,19 +1,11 @@
 """What a message from the drop-in backend needs to be built exactly as Django would.
 
-``Email.structure`` and ``Attachment.mime_part`` (see outbox/mail/structure.py),
-and on PostgreSQL the worker's step function in the version that returns the
-structure (``STEP_FUNCTION_V2`` in outbox/statements/functions.py): a
-function's result columns cannot change in place, so V1 is dropped first.
+``Email.structure`` and ``Attachment.mime_part`` (see outbox/mail/structure.py).
+It also replaced, on PostgreSQL, the worker's step function by the version that
+returns the structure; the functions are now created by migration 0017 alone.
 """
 
 from django.db import migrations, models
-
-from outbox.statements.functions import (
-    DROP_STEP,
-    STEP_FUNCTION_V1,
-    STEP_FUNCTION_V2,
-    run_on_postgresql,
-)
 
 
 class Migration(migrations.Migration):
@@ -38,8 +30,5 @@ class Migration(migrations.Migration):
             name="mime_part",
             field=models.BooleanField(db_default=False, default=False, verbose_name="MIME part"),
         ),
-        migrations.RunPython(
-            run_on_postgresql(f"{DROP_STEP};\n{STEP_FUNCTION_V2}"),
-            run_on_postgresql(f"{DROP_STEP};\n{STEP_FUNCTION_V1}"),
-        ),
+        # The step function that returns the structure: now 0017_postgresql_functions.
     ]

@@ -1,14 +1,11 @@
-"""The group commit's batch of steps as one set-based function (PostgreSQL only).
+"""Once: the group commit's batch of steps as one set-based function (PostgreSQL only).
 
-``STEPS_FUNCTION_V1`` in outbox/statements/functions.py: the successes and the
-claims of several threads' steps as two UPDATEs, instead of ``outbox_step()``
-once per step. ``outbox_step()`` stays: a step alone, and workers of the
-previous release, call it.
+The functions are now created by migration 0017 alone (with the DDL in that
+file, ``OUTBOX_STEPS``), so this one does nothing; it stays so that the
+migration graph is unchanged.
 """
 
 from django.db import migrations
-
-from outbox.statements.functions import DROP_STEPS, STEPS_FUNCTION_V1, run_on_postgresql
 
 
 class Migration(migrations.Migration):
@@ -16,9 +13,5 @@ class Migration(migrations.Migration):
         ("outbox", "0011_message_structure"),
     ]
 
-    operations = [
-        migrations.RunPython(
-            run_on_postgresql(STEPS_FUNCTION_V1),
-            run_on_postgresql(DROP_STEPS),
-        ),
-    ]
+    # The functions are now created by 0017_postgresql_functions.
+    operations = []

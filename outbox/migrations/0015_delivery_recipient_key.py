@@ -22,8 +22,9 @@ every row's lock until the end:
 4. the unique constraint moves from (key, recipient) to (key, recipient_key),
    the new one added before the old one is dropped, so the key is never
    without one; rows of a previous release ('') stay out of it;
-5. the index of the admin's search, and the enqueue functions that write the
-   column (``ENQUEUE_FUNCTION_V2``, ``ENQUEUE_ONE_FUNCTION_V2``).
+5. the index of the admin's search. (It also replaced, on PostgreSQL, the
+   enqueue functions by versions that write the column; the functions are
+   now created by migration 0017 alone.)
 
 On a large PostgreSQL table, step 5's index is built while writes to the table
 wait (about a minute at 5 million rows); run it at a quiet time.
@@ -33,14 +34,6 @@ from email.utils import parseaddr
 
 from django.db import migrations, models, transaction
 from django.db.models import Count, Min, Q
-
-from outbox.statements.functions import (
-    ENQUEUE_FUNCTION_V1,
-    ENQUEUE_FUNCTION_V2,
-    ENQUEUE_ONE_FUNCTION_V1,
-    ENQUEUE_ONE_FUNCTION_V2,
-    run_on_postgresql,
-)
 
 BATCH = 5000
 
@@ -159,11 +152,5 @@ class Migration(migrations.Migration):
                 opclasses=["varchar_pattern_ops"],
             ),
         ),
-        migrations.RunPython(
-            run_on_postgresql(ENQUEUE_FUNCTION_V2), run_on_postgresql(ENQUEUE_FUNCTION_V1)
-        ),
-        migrations.RunPython(
-            run_on_postgresql(ENQUEUE_ONE_FUNCTION_V2),
-            run_on_postgresql(ENQUEUE_ONE_FUNCTION_V1),
-        ),
+        # The enqueue functions that write recipient_key: now 0017_postgresql_functions.
     ]

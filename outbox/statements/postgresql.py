@@ -2,19 +2,20 @@
 
 What is here, in the order an email meets it:
 
-- ``ENQUEUE`` / ``ENQUEUE_CALL``: ``enqueue_email``'s common case (no
-  idempotency key, no attachments): the email and one delivery per recipient
-  in one statement, the suppression list looked up inside it;
-  ``ENQUEUE_ONE_CALL`` the same for one recipient;
+- ``ENQUEUE_CALL``: ``enqueue_email``'s common case (no idempotency key, no
+  attachments): the email and one delivery per recipient in one call, the
+  suppression list looked up inside it; ``ENQUEUE_ONE_CALL`` the same for
+  one recipient;
 - ``ENQUEUE_MANY``: one chunk of ``enqueue_many``, one statement;
-- ``STEP`` / ``STEP_CALL``: the worker's step, the success of the message in
-  hand (step 4) and the claim of the next one (step 2) with its content;
+- ``STEP_CALL``: the worker's step, the success of the message in hand
+  (step 4) and the claim of the next one (step 2) with its content;
   ``STEPS_CALL``: several threads' steps in one statement (one commit);
-- ``SENT``, ``CLAIM``, ``EMAIL``: the same one by one, for the worker's general
-  path (any outcome other than a success);
-- the PL/pgSQL functions behind the ``..._CALL`` statements are in
-  ``functions.py`` next to this (migrations 0005, 0008, 0011, 0012 and 0013
-  create them).
+- ``EMAIL``: an email's content, for the worker's general path (any outcome
+  other than a success), which runs the step's two transitions one by one
+  (``outbox/transitions/``);
+- the PL/pgSQL functions behind the ``..._CALL`` statements are created by
+  migration ``outbox/migrations/0017_postgresql_functions.py``, which holds
+  their DDL.
 
 The code that runs them is in ``outbox/worker/sql.py`` and
 ``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
@@ -25,22 +26,19 @@ parsed and planned anew, and for these one-row statements planning costs
 PostgreSQL about as much CPU as running them. PL/pgSQL caches the plans of the
 statements inside a function for the life of the session, so a call costs one
 parse of ``SELECT * FROM outbox_step(...)`` and runs cached plans: the saving
-of prepared statements, without needing them. With
-``OUTBOX["POSTGRESQL_FUNCTIONS"] = False`` the plain statements run instead;
-``tests/test_fast_paths.py`` runs every transition both ways and compares the
-rows.
+of prepared statements, without needing them. Measured against the same
+statements sent plainly, the functions cost PostgreSQL less than half the CPU
+per step (``tests/benchmark/results/paths-postgres.md``), so the plain forms
+were retired. ``tests/test_step.py`` runs every case of the step and
+compares it with the worker's statements one by one.
 
 The rules every statement keeps:
 
-- each write is one conditional statement on rows found by primary key that
-  repeats the status the row must be in, so a stale id or a late worker
-  changes nothing; a statement (or a function call) run in autocommit is its
-  own transaction, so the two writes of the step commit together or not at all;
-- the status test is written ``(status = ...) IS TRUE``, which no index can
-  serve: PostgreSQL otherwise may plan it on a partial index of queued rows
-  when its statistics say few rows are queued (a new table, or one analysed
-  just after a drain), and each claim would then scan every queued row, so a
-  burst of n emails would cost O(n^2);
+- each write is a transition (``outbox/transitions/``: one conditional
+  statement on rows found by primary key that repeats the status the row
+  must be in, written so that no index can serve the status test); a
+  statement (or a function call) run in autocommit is its own transaction, so
+  the two writes of the step commit together or not at all;
 - whether a row is due or expired is decided by the server's clock, ``now()``,
   never by the worker host's; the times the worker writes (``%(now)s``) are
   Redis time from its RedisClock (see ``outbox/queue/clock.py``);
@@ -53,55 +51,29 @@ from __future__ import annotations
 
 # -- enqueue ----------------------------------------------------------------------------
 
-# The email and all its deliveries: the recipients travel as arrays instead of
-# a VALUES row each (that is what makes a 10,000-recipient call cheap), and
-# RETURNING is matched back by Message-ID, which is unique, so no row order is
-# assumed. A row due now comes with ``not_before`` NULL and gets ``now()``: the
-# database's clock, the one the worker's due test reads, not the web host's
-# (also in the calls below and ENQUEUE_MANY). ``created_at`` and ``updated_at``
-# are now() too, always: the sweeper's incremental mirror check compares
-# ``updated_at`` with the database's clock (``outbox/sweeper/mirror.py``), so
-# a web host whose clock is slow cannot date a row before the check's window.
-# Each returns now(), so the instances returned to the caller hold what the
-# rows hold. A suppressed recipient's row is written cancelled, with the text
-# ``outbox/suppression.py`` writes elsewhere.
-ENQUEUE = """
-WITH email AS (
-    INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers,
-        mailer, structure, created_at)
-    VALUES (%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
-        %(headers)s::jsonb, %(mailer)s, %(structure)s::jsonb, now())
-    RETURNING id
-)
-INSERT INTO outbox_delivery (email_id, recipient, recipient_key, status, priority, attempts,
-    max_attempts, not_before, expires_at, worker_id, message_id, last_error, created_at,
-    updated_at)
-SELECT email.id, r.recipient, r.bare,
-    CASE WHEN s.address IS NULL THEN %(queued)s ELSE %(cancelled)s END,
-    %(priority)s, 0, %(max_attempts)s,
-    COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s, '', r.message_id,
-    CASE WHEN s.address IS NULL THEN '' ELSE left('suppressed: ' || s.address
-        || ' is on the suppression list (' || s.source || ')'
-        || CASE WHEN s.reason = '' THEN '' ELSE ': ' || s.reason END, 2000) END,
-    now(), now()
-FROM email, unnest(%(recipients)s::text[], %(message_ids)s::text[], %(bare)s::text[])
-    AS r(recipient, message_id, bare)
-LEFT JOIN outbox_suppression s ON s.address = r.bare
-RETURNING id, email_id, message_id, last_error, now()
-"""
-
-# The same through ENQUEUE_FUNCTION_V2: same parameters, same rows returned, but
-# no ``structure`` (a drop-in backend message takes the statement above).
+# The email and all its deliveries, through the function outbox_enqueue: the
+# recipients travel as arrays instead of a VALUES row each (that is what makes
+# a 10,000-recipient call cheap), and the rows returned are matched back by
+# Message-ID, which is unique, so no row order is assumed. A row due now comes
+# with ``not_before`` NULL and gets ``now()``: the database's clock, the one
+# the worker's due test reads, not the web host's (also in ENQUEUE_ONE_CALL and
+# ENQUEUE_MANY). ``created_at`` and ``updated_at`` are now() too, always: the
+# sweeper's incremental mirror check compares ``updated_at`` with the
+# database's clock (``outbox/sweeper/mirror.py``), so a web host whose clock is
+# slow cannot date a row before the check's window. Each returns now(), so the
+# instances returned to the caller hold what the rows hold. A suppressed
+# recipient's row is written cancelled, with the text ``outbox/suppression.py``
+# writes elsewhere. ``structure`` is a drop-in backend message's (NULL otherwise).
 ENQUEUE_CALL = """
 SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
     %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz,
     %(recipients)s::text[], %(message_ids)s::text[],
-    %(bare)s::text[], %(mailer)s)
+    %(bare)s::text[], %(mailer)s, %(structure)s::jsonb)
 """
 
-# The common case of all, one recipient, through ENQUEUE_ONE_FUNCTION_V2: the
-# same parameters as one scalar each instead of arrays, one value returned.
+# The common case of all, one recipient, through outbox_enqueue_one: the same
+# parameters as one scalar each instead of arrays, one value returned.
 # Arrays cost both ends of the connection more than the rows. The function is
 # called in the select list, not ``FROM``: at Django's defaults every call is
 # parsed and planned anew, and a function scan with its result columns costs
@@ -111,7 +83,7 @@ SELECT outbox_enqueue_one(%(subject)s, %(body)s, %(html)s, %(from)s,
     %(reply_to)s::jsonb, %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
     COALESCE(%(not_before)s::timestamptz, now()), %(expires_at)s::timestamptz, %(recipient)s,
     %(message_id)s, %(bare)s,
-    %(mailer)s) AS enqueued, now()
+    %(mailer)s, %(structure)s::jsonb) AS enqueued, now()
 """
 
 # One chunk of enqueue_many: the email ids are drawn from the table's sequence
@@ -153,58 +125,22 @@ RETURNING id, email_id, message_id, now()
 
 # -- the worker ---------------------------------------------------------------------------
 
-# Step 4 for a success.
-SENT = """
-UPDATE outbox_delivery SET status = %(sent)s, sent_at = %(now)s, updated_at = %(now)s,
-    last_error = ''
-WHERE id = %(settle_id)s AND (status = %(processing)s) IS TRUE
-    AND claim_token = %(settle_token)s
-"""
+# The step's two writes, the success (step 4) and the mark (step 2), are
+# transitions (``outbox/transitions/table.py``: SENT and MARK); the worker
+# runs them rendered for PostgreSQL on its general path, and as the function
+# below, which the same table renders (``outbox/worker/functions.py``).
 
-# Step 2. A row whose ``expires_at`` has passed is claimed into ``cancelled``
-# instead of ``processing``, without counting an attempt; its status, last in
-# RETURNING, tells the worker to drop it unsent.
-CLAIM = """
-UPDATE outbox_delivery SET
-    status = CASE WHEN expires_at <= now() THEN %(cancelled)s ELSE %(processing)s END,
-    last_error = CASE WHEN expires_at <= now() THEN %(expired)s ELSE last_error END,
-    worker_id = %(worker)s,
-    claim_token = %(token)s, processing_started_at = %(now)s, updated_at = %(now)s,
-    attempts = attempts + CASE WHEN expires_at <= now() THEN 0 ELSE 1 END
-WHERE id = %(claim_id)s AND (status = %(queued)s) IS TRUE AND not_before <= now()
-RETURNING email_id, recipient, priority, attempts, max_attempts, message_id, status
-"""
-
-# Steps 4 and 2 and the next email's content in one statement. They touch
-# different rows; a CTE's RETURNING is all the SELECT reads. The content is
-# skipped when the worker has it cached (%(known)s). The columns are named as
-# outbox_step()'s (functions.py): the worker reads either by name.
-STEP = (
-    "WITH settled AS ("
-    + SENT
-    + "RETURNING id\n), claimed AS ("
-    + CLAIM
-    + """)
-SELECT (SELECT count(*) FROM settled) AS settled,
-    c.email_id, c.recipient, c.priority, c.attempts, c.max_attempts, c.message_id,
-    e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e.mailer,
-    EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id) AS has_attachments,
-    c.status AS claimed_status, e.structure
-FROM (VALUES (1)) AS one
-LEFT JOIN claimed c ON true
-LEFT JOIN outbox_email e ON e.id = c.email_id AND e.id <> %(known)s
-"""
-)
-
-# The same step through STEP_FUNCTION_V2: same parameters, same row.
+# Steps 4 and 2 and the next email's content in one call of outbox_step: SENT
+# and MARK, then EMAIL, as one transaction (a call in autocommit is
+# one). The content is skipped when the worker has it cached (%(known)s).
 STEP_CALL = """
 SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worker)s, %(token)s,
     %(now)s, %(known)s, %(expired)s)
 """
 
 # Several threads' steps in one statement, so in one commit (the worker's group
-# commit, ``outbox/worker/group_commit.py``): STEPS_FUNCTION_V1, two set-based
-# UPDATEs for the whole batch; functions.py says why each step's row is what the
+# commit, ``outbox/worker/group_commit.py``): outbox_steps, two set-based
+# UPDATEs for the whole batch; ``outbox/worker/functions.py`` says why each step's row is what the
 # step would give alone (a row claimed twice in one batch goes to one of them only).
 STEPS_CALL = """
 SELECT * FROM outbox_steps(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],

@@ -12,7 +12,6 @@ RedisClock (see ``outbox/queue/clock.py``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import json
 import uuid
@@ -27,7 +26,6 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from .. import transitions
-from ..conf import outbox_settings
 from ..db import binding_cursor, loaded_instance, rows_by_name
 from ..models import Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
@@ -72,7 +70,7 @@ class ContentColumns(NamedTuple):
 
 
 class StepColumns(NamedTuple):
-    """A step's row: ``STEP``'s columns, named as ``outbox_step()``'s and ``outbox_steps()``'s.
+    """A step's row: the columns of ``outbox_step()`` and ``outbox_steps()``.
 
     The claim's columns are None when nothing was claimed, the content's when
     the worker has the email cached (or the claim found the row expired).
@@ -265,15 +263,12 @@ def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> l
         return _steps_sqlite(steps, db)
     if len(steps) == 1:
         return [_step_postgresql(steps[0], db)]
-    if outbox_settings.POSTGRESQL_FUNCTIONS:
-        return _steps_postgresql(steps, db)
-    return _steps_postgresql_plain(steps, db)
+    return _steps_postgresql(steps, db)
 
 
 def _step_postgresql(step: Step, db: BaseDatabaseWrapper) -> StepResult:
-    statement = postgresql.STEP_CALL if outbox_settings.POSTGRESQL_FUNCTIONS else postgresql.STEP
     with binding_cursor(db) as cursor:
-        cursor.execute(statement, _step_params(step, db))
+        cursor.execute(postgresql.STEP_CALL, _step_params(step, db))
         found = cursor.fetchone()
         assert found is not None  # the SELECT always returns its one row
         row = rows_by_name.one(StepColumns, cursor, found)
@@ -299,24 +294,6 @@ def _steps_postgresql(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[St
         )
         rows = rows_by_name.all(StepColumns, cursor, cursor.fetchall())
     assert len(rows) == len(steps)  # one row per step, in order
-    return [_step_result(step, row, db.alias) for step, row in zip(steps, rows, strict=True)]
-
-
-def _steps_postgresql_plain(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
-    # Without the functions: STEP once per step, in one explicit transaction
-    # (the connection may be the worker's shared one, which atomic() cannot name).
-    rows = []
-    with binding_cursor(db) as cursor:
-        cursor.execute("BEGIN")
-        try:
-            for step in steps:
-                cursor.execute(postgresql.STEP, _step_params(step, db))
-                rows.append(rows_by_name.one(StepColumns, cursor, cursor.fetchone()))
-            cursor.execute("COMMIT")
-        except BaseException:
-            with contextlib.suppress(Exception):  # the connection may be gone
-                cursor.execute("ROLLBACK")
-            raise
     return [_step_result(step, row, db.alias) for step, row in zip(steps, rows, strict=True)]
 
 

@@ -42,7 +42,6 @@ from tests.benchmark.common import (
 from tests.benchmark.dashboard import DashboardMixin
 from tests.benchmark.efficiency import EfficiencyMixin
 from tests.benchmark.instruments import Instruments, profile_table
-from tests.benchmark.paths import PathsMixin
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
 from tests.benchmark.systems import SYSTEMS
@@ -73,7 +72,6 @@ class Child(
     BulkMixin,
     SendingMixin,
     EfficiencyMixin,
-    PathsMixin,
 ):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
@@ -126,9 +124,6 @@ class Child(
         # Only when named (--only latency): the latency rows alone, a minute or so.
         if self.only and "latency" in self.only and self.vendor == "postgresql":
             self.bench_latency()
-        # Only when named (--only paths): the functions against plain statements.
-        if self.only and "paths" in self.only and self.vendor == "postgresql":
-            self.bench_paths()
 
     # -- helpers ------------------------------------------------------------
 

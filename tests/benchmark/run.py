@@ -192,9 +192,8 @@ def main() -> None:
         "--only",
         default="",
         help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,"
-        "efficiency; only when named: admin-scale (5,000,000 rows, about 20 minutes), latency "
-        "(100/s, instant and 20 ms servers) and paths (PL/pgSQL functions against plain "
-        "statements)",
+        "efficiency; only when named: admin-scale (5,000,000 rows, about 20 minutes) and latency "
+        "(100/s, instant and 20 ms servers)",
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

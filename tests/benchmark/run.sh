@@ -9,9 +9,7 @@
 #   tests/benchmark/run.sh --db postgres --only admin-scale \
 #     --output tests/benchmark/results/admin-scale-postgres.md  # the admin at 5,000,000 rows, ~20 min
 #   tests/benchmark/run.sh --db postgres --only latency --repeat 3  # 100/s, instant and 20 ms servers, ~2 min
-#   tests/benchmark/run.sh --db postgres --only paths \
-#     --output tests/benchmark/results/paths-postgres.md  # PL/pgSQL functions vs plain statements
-#     (the last three only when named: not part of the full run)
+#     (the last two only when named: not part of the full run)
 #
 # Every argument goes to tests/benchmark/run.py (see `tests/benchmark/run.sh --help`). It makes its
 # own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on

@@ -111,9 +111,6 @@ OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND, "METRICS_TOKEN": "bench-only-metric
 if os.environ.get("BENCH_RATE_LIMITS"):
     # The sending-control part (tests/benchmark/sending.py).
     OUTBOX["RATE_LIMITS"] = json.loads(os.environ["BENCH_RATE_LIMITS"])
-if os.environ.get("BENCH_OUTBOX_PLAIN_SQL"):
-    # The worker's plain statement instead of the PL/pgSQL function (a comparison row).
-    OUTBOX["POSTGRESQL_FUNCTIONS"] = False
 MAILER_EMAIL_BACKEND = DELIVERY_BACKEND
 _tmp = os.environ.get("BENCH_TMP", tempfile.gettempdir())
 MAILER_LOCK_PATH = os.path.join(_tmp, "mailer_send")

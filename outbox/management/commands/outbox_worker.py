@@ -129,9 +129,9 @@ class Command(BaseCommand):
             if options["processes"] > 1:
                 check_worker_id(child_worker_id(options["worker_id"], options["processes"] - 1))
         if not options["skip_checks"]:
-            # The checks that ask the database too (outbox.E022, and E025, a
-            # deployment check so that it does not stop `migrate`): a worker
-            # whose every step would fail refuses to start instead.
+            # The checks that ask the database too (outbox.E025, a deployment
+            # check so that it does not stop `migrate`): a worker whose every
+            # step would fail refuses to start instead.
             self.check(
                 tags=[Tags.database],
                 databases=[outbox_alias()],

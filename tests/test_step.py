@@ -1,23 +1,18 @@
-"""The hot paths' fast forms and their plain forms agree on every transition.
+"""The worker's step: step 4 (success) of the message in hand plus step 2 (mark) of the next.
 
-The step is step 4 (success) of the message in hand plus step 2 (claim) of the
-next. On PostgreSQL the worker runs it through the PL/pgSQL function the
-migrations create (``outbox/statements/postgresql.py``) unless ``POSTGRESQL_FUNCTIONS`` is
-False, when it runs the same step as one plain statement. On SQLite it runs
-two statements on the DB-API connection; the plain form is Django's atomic()
-with the statements one by one. Each case puts two identical rows in the same
-state, steps one each way, and compares what came back and what the rows hold
-afterwards.
-
-``enqueue_email``'s insert on PostgreSQL is the PL/pgSQL function
-``outbox_enqueue`` by default and one plain statement otherwise: both must
-write the same rows, suppression list and all.
+On PostgreSQL the worker runs it through the PL/pgSQL function ``outbox_step``
+(several threads' steps through ``outbox_steps``), which migration 0017
+creates; on SQLite as two statements on the DB-API connection. Each case puts
+two identical rows in the same state, steps one way and the other (the
+worker's statements one by one, the transitions SENT and MARK and ``EMAIL``, in Django's
+atomic()), and compares what came back and what the rows hold afterwards.
+(The plain-statement form of the step on PostgreSQL was retired after the
+measurement in ``tests/benchmark/results/paths-postgres.md``.)
 """
 
 from __future__ import annotations
 
 import uuid
-from collections import Counter
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
@@ -27,7 +22,6 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from outbox import enqueue_email
-from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Delivery, Email
 from outbox.worker import sql
 
@@ -171,8 +165,8 @@ CASES: list[tuple[str, Setup, uuid.UUID, bool]] = [
 
 
 def _step(fast: bool, settle, claim_id, token, now, known):
-    """One step, the fast way or the plain way, as the worker would see it."""
-    if connection.vendor == "postgresql" or fast:
+    """One step as the worker runs it (fast), or its statements one by one; as the worker sees it."""
+    if fast:
         return sql.run_steps([sql.Step(settle, claim_id, "w#new", token, now, known)])[0]
     with transaction.atomic():
         settled = sql.mark_sent(settle[0], settle[1], now) if settle is not None else 0
@@ -187,13 +181,12 @@ def _step(fast: bool, settle, claim_id, token, now, known):
 @pytest.mark.parametrize(
     ("setup", "settle_token", "cached"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
 )
-def test_fast_and_plain_step_agree(request, settings, setup, settle_token, cached):
+def test_the_step_and_its_statements_one_by_one_agree(request, setup, settle_token, cached):
     # A little ahead, so that rows created below are due on SQLite too (where
     # the worker's clock, passed in, decides what is due).
     now = timezone.now() + timedelta(seconds=5)
     results = []
     for fast in (True, False):
-        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": fast}
         settle, claim = setup()
         known = claim.email_id if (claim is not None and cached) else 0
         result = _step(
@@ -216,14 +209,12 @@ def test_fast_and_plain_step_agree(request, settings, setup, settle_token, cache
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("functions", [True, False], ids=["function", "plain"])
-def test_steps_written_together_give_each_step_its_result_alone(settings, functions):
+def test_steps_written_together_give_each_step_its_result_alone():
     """The group commit's batch: every case of CASES in one transaction.
 
     Each step's result and rows must be what the same step gives alone; a row
     two steps of one batch both claim goes to one of them only.
     """
-    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
     now = timezone.now() + timedelta(seconds=5)
 
     def steps_for_every_case() -> tuple[list[sql.Step], list[list[Delivery | None]]]:
@@ -264,9 +255,8 @@ def test_steps_written_together_give_each_step_its_result_alone(settings, functi
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_fast_step_settles_and_claims_in_one_go(settings):
+def test_the_fast_step_settles_and_claims_in_one_go():
     """A success and a claim in one step; on PostgreSQL, through the function."""
-    settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}
     settle, claim = _row(Status.PROCESSING), _row(Status.QUEUED)
     now = timezone.now() + timedelta(seconds=5)
     settled, claimed = _step(True, (settle.pk, TOKEN), claim.pk, TOKEN, now, 0)
@@ -293,141 +283,3 @@ def test_the_fast_step_settles_and_claims_in_one_go(settings):
         with connection.cursor() as cursor:
             cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_step'")
             assert cursor.fetchone()[0] == 1
-
-
-# -- enqueue_email's insert (PostgreSQL): the function and the plain statement ----------
-
-# Calls with one recipient run outbox_enqueue_one(), the others outbox_enqueue().
-ENQUEUE_CASES = {
-    "one recipient": dict(recipient_list=["a@example.com"]),
-    "one suppressed recipient": dict(recipient_list=["Blocked@Example.com"]),
-    "one recipient, scheduled, expiring, low priority, reply-to, headers, a mailer": dict(
-        recipient_list=["a@example.com"],
-        send_at=BEFORE + timedelta(days=2),
-        expires_at=BEFORE + timedelta(days=3),
-        priority="low",
-        max_attempts=2,
-        reply_to=["r@example.com"],
-        headers={"X-Tag": "t"},
-        html_message="<p>b</p>",
-        mailer="bulk",
-    ),
-    "several, one suppressed with a reason, one without": dict(
-        recipient_list=["a@example.com", "Blocked@Example.com", "quiet@example.com", "c@x.org"]
-    ),
-    "scheduled, expiring, high priority, three attempts, reply-to and headers": dict(
-        recipient_list=["a@example.com", "b@example.com"],
-        send_at=BEFORE + timedelta(days=2),
-        expires_at=BEFORE + timedelta(days=3),
-        priority="high",
-        max_attempts=3,
-        reply_to=["r@example.com"],
-        headers={"X-Tag": "t"},
-        html_message="<p>b</p>",
-    ),
-    "with a mailer": dict(recipient_list=["a@example.com", "b@example.com"], mailer="bulk"),
-}
-
-DELIVERY_COLUMNS = (
-    "recipient",
-    "status",
-    "priority",
-    "attempts",
-    "max_attempts",
-    "not_before",
-    "expires_at",
-    "worker_id",
-    "last_error",
-    "claim_token",
-    "recipient_key",
-)
-EMAIL_COLUMNS = ("subject", "body", "html_message", "from_email", "reply_to", "headers", "mailer")
-
-
-def _function_calls() -> Counter[str]:
-    """Calls of each PL/pgSQL function by this session, as far as its statistics know."""
-    with connection.cursor() as cursor:
-        # Not yet reported calls of earlier transactions show here too: only
-        # a difference says what one call ran.
-        cursor.execute("SELECT funcname, calls FROM pg_stat_xact_user_functions")
-        return Counter(dict(cursor.fetchall()))
-
-
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("kwargs", ENQUEUE_CASES.values(), ids=ENQUEUE_CASES.keys())
-def test_enqueue_function_and_plain_statement_agree(settings, kwargs):
-    if connection.vendor != "postgresql":
-        pytest.skip("PL/pgSQL exists on PostgreSQL only; SQLite has one way to enqueue")
-    from outbox import suppress
-
-    suppress("blocked@example.com", "hard bounce")
-    suppress("quiet@example.com")
-    bulk = {"BACKEND": "django.core.mail.backends.locmem.EmailBackend"}
-    if HAS_MAILERS:
-        settings.MAILERS = {**settings.MAILERS, "bulk": bulk}
-    else:
-        settings.OUTBOX = {**settings.OUTBOX, "BACKENDS": {"bulk": bulk}}
-    results = []
-    for functions in (True, False):
-        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": functions}
-        with transaction.atomic():
-            with connection.cursor() as cursor:
-                cursor.execute("SET LOCAL track_functions = 'pl'")
-            before = _function_calls()
-            created = enqueue_email("s", "b", "from@example.com", **kwargs)
-            called = _function_calls() - before
-        one = len(kwargs["recipient_list"]) == 1
-        expected = {("outbox_enqueue_one" if one else "outbox_enqueue"): 1} if functions else {}
-        assert dict(called) == expected
-        returned = [(d.recipient, d.status, d.last_error) for d in created]
-        rows = list(
-            Delivery.objects.filter(pk__in=[d.pk for d in created])
-            .order_by("pk")
-            .values_list(*DELIVERY_COLUMNS)
-        )
-        if "send_at" not in kwargs:  # not_before is the moment of the call: not comparable
-            rows = [(*row[:5], None, *row[6:]) for row in rows]
-        assert len({d.email_id for d in created}) == 1  # one Email per call
-        content = Delivery.objects.filter(pk=created[0].pk).values_list(
-            *(f"email__{c}" for c in EMAIL_COLUMNS)
-        )[0]
-        results.append((returned, rows, content))
-    by_function, by_plain = results
-    assert by_function == by_plain
-    assert by_function[2][-1] == kwargs.get("mailer", "")
-    assert len(by_function[1]) == len(kwargs["recipient_list"])
-
-
-# -- POSTGRESQL_FUNCTIONS False at migrate time ---------------------------------------------
-
-
-@pytest.mark.django_db(transaction=True)
-def test_the_migrations_create_no_function_while_the_functions_are_off(settings):
-    """A role that may not create functions sets POSTGRESQL_FUNCTIONS False, then migrates."""
-    if connection.vendor != "postgresql":
-        pytest.skip("PL/pgSQL exists on PostgreSQL only")
-    from django.db.migrations.state import StateApps
-
-    from outbox.statements.functions import run_on_postgresql
-
-    def exists() -> bool:
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_proc WHERE proname = 'outbox_probe'")
-            return cursor.fetchone()[0] == 1
-
-    create = run_on_postgresql(
-        "CREATE FUNCTION outbox_probe() RETURNS int LANGUAGE sql AS 'SELECT 1'"
-    )
-    apps: StateApps = None  # type: ignore[assignment]  # not read
-    try:
-        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": False}
-        with connection.schema_editor() as editor:
-            create(apps, editor)  # type: ignore[operator]
-        assert not exists()
-        settings.OUTBOX = {**settings.OUTBOX, "POSTGRESQL_FUNCTIONS": True}
-        with connection.schema_editor() as editor:
-            create(apps, editor)  # type: ignore[operator]
-        assert exists()
-    finally:
-        with connection.cursor() as cursor:
-            cursor.execute("DROP FUNCTION IF EXISTS outbox_probe()")
