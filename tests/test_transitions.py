@@ -35,7 +35,7 @@ BEFORE = timezone.now() - timedelta(hours=1)
 PACKAGE = Path(__file__).resolve().parent.parent / "outbox"
 
 # Every transition the ORM runs (the mark runs only as its statement: its
-# own tests are the worker's step, tests/test_fast_paths.py).
+# own tests are the worker's step, tests/test_step.py).
 ORM = [t for t in transitions.ALL if t is not transitions.MARK]
 # Enqueue pushes after its commit: real transactions.
 on_the_database = pytest.mark.django_db(transaction=True)
