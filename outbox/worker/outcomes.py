@@ -65,8 +65,8 @@ from django.db import DatabaseError, transaction
 from .. import transitions
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
+from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
-from ..mail.handover import Server
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
