@@ -14,9 +14,10 @@ The rooms: ``process`` (incarnation, threads, signals, heartbeat, lease),
 (one thread's sends and mail connections), ``host``
 (what the rooms need from the process), ``sql`` (the statements run),
 ``claimed`` (what a claim gave a thread), ``gate`` (rate limits and pauses),
-``outcomes`` (what an outcome is and how it is written), ``report``,
-``backoff``, ``cache`` (email contents), ``connections`` (delivery
-connections) and ``faults`` (the one test hook).
+``outcomes`` (what an outcome is and how it is written), ``settling`` (an
+outcome written alone, or parked), ``report``, ``backoff``, ``cache`` (email
+contents), ``connections`` (delivery connections) and ``faults`` (the one
+test hook).
 """
 
 from ..mail.failures import is_permanent

@@ -38,9 +38,9 @@ written (:func:`settle_refused`), in this order:
 ``last_error`` then holds the outcome's error and the database's refusal in
 full, and the worker logs an ERROR naming the delivery. If that write is
 refused too, the thread keeps the outcome aside and tries it again with a
-growing pause while it goes on taking mail (``loop.SenderLoop._park``); the
-row stays ``processing`` and its id in the processing list, so if the worker
-stops first, the sweeper settles it like any row left mid-send.
+growing pause while it goes on taking mail (``settling.Settling.settle_parked``);
+the row stays ``processing`` and its id in the processing list, so if the
+worker stops first, the sweeper settles it like any row left mid-send.
 
 The suppression list is written best-effort inside the outcome: an address
 it cannot hold (an IDNA form longer than its column) is logged as a WARNING
