@@ -16,7 +16,7 @@ armed, in one of these modes:
             refuses the outcome's write for good (``django.db.DataError``, as
             for a value too long): that outcome's full write is refused every
             time it is tried, by the step or alone; the least write that
-            settles the row (``outcomes.settle_refused``) is not.
+            settles the row (``settling.settle_refused``) is not.
 
 The sites, and where the loop meets them:
 

@@ -260,7 +260,7 @@ class SenderLoop:
         """The step was refused for good (nothing of it was written): never retry it as it is.
 
         Which half was refused is not said: the outcome is written alone
-        (settled as ``outcomes.py`` says if it is the one refused), then the
+        (settled as ``settling.py`` says if it is the one refused), then the
         claim is tried again alone. A claim refused for good is dropped, with
         an ERROR: the row stays ``queued``, its id acknowledged (the mirror
         check pushes it again later), and this thread goes on.
