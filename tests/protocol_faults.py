@@ -16,7 +16,7 @@ armed, in one of these modes:
             refuses the outcome's write for good (``django.db.DataError``, as
             for a value too long): that outcome's full write is refused every
             time it is tried, by the step or alone; the least write that
-            settles the row (``outcomes.settle_refused``) is not.
+            settles the row (``settling.settle_refused``) is not.
 
 The sites, and where the loop meets them:
 
@@ -26,7 +26,7 @@ The sites, and where the loop meets them:
 ``heartbeat``  ``worker.queue.heartbeat`` (``Worker.beat``)
 ``step``       ``SenderLoop._settle_and_mark`` (the step's one commit)
 ``readback``   ``claimed.started_from`` (reading the claimed row back)
-``settle``     the write ``persist()`` retries in ``SenderLoop._settle_alone``
+``settle``     the write ``persist()`` retries in ``Settling.alone`` (``worker/settling.py``)
 ``unclaim``    ``sql.unclaim`` (the gate's hold, ``_unclaim_pending``)
 
 The queue and loop sites are patched on the objects the model created; the
@@ -46,6 +46,7 @@ import redis
 from django.db import DataError, OperationalError
 
 from outbox.worker import loop as loop_module
+from outbox.worker import settling as settling_module
 from outbox.worker import sql as sql_module
 from outbox.worker.backoff import Backoff
 
@@ -178,7 +179,7 @@ def active(faults: Faults | None) -> Iterator[None]:
 def module_sites() -> Iterator[None]:
     """Patch the module-level sites for the duration of a test."""
     real_started_from = loop_module.started_from
-    real_persist = loop_module.persist
+    real_persist = settling_module.persist
     real_unclaim = getattr(sql_module, "unclaim", None)  # absent before the give-back fix
 
     def started_from(*args: Any, **kwargs: Any) -> Any:
@@ -207,13 +208,13 @@ def module_sites() -> Iterator[None]:
         return _active.call("unclaim", real_unclaim, *args, **kwargs)
 
     loop_module.started_from = started_from  # type: ignore[assignment]
-    loop_module.persist = persist  # type: ignore[assignment]
+    settling_module.persist = persist  # type: ignore[assignment]
     if real_unclaim is not None:
         sql_module.unclaim = unclaim  # type: ignore[attr-defined]
     try:
         yield
     finally:
         loop_module.started_from = real_started_from  # type: ignore[assignment]
-        loop_module.persist = real_persist  # type: ignore[assignment]
+        settling_module.persist = real_persist  # type: ignore[assignment]
         if real_unclaim is not None:
             sql_module.unclaim = real_unclaim  # type: ignore[attr-defined]

@@ -27,8 +27,9 @@ from django.core.management import call_command
 
 from outbox import enqueue_email
 from outbox.exceptions import AmbiguousDeliveryError, DeliveryError, OutboxError
+from outbox.mail.connection import Server
 from outbox.mail.failures import FailureKind, classify, is_ambiguous, is_permanent
-from outbox.mail.handover import Server, handover_server, server_of, watch_handover
+from outbox.mail.handover import handover_server, server_of, watch_handover
 from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
 from tests.servers import SMTPRecorder, free_port

@@ -275,12 +275,12 @@ def test_each_bad_address_gets_its_own_message(field, value, code, message, queu
     ],
 )
 def test_address_messages_go_through_gettext(value, translated, monkeypatch):
-    from outbox import validation
+    from outbox.validation import addresses
 
     seen: list[str] = []
-    monkeypatch.setattr(validation, "_", lambda text: seen.append(text) or f"[{text}]")
+    monkeypatch.setattr(addresses, "_", lambda text: seen.append(text) or f"[{text}]")
     with pytest.raises(ValidationError) as info:
-        validation.normalize_address("reply_to", value)
+        addresses.normalize_address("reply_to", value)
     assert seen == [translated]
     message = info.value.message_dict["reply_to"][0]
     assert message.startswith("[") and message.endswith("]") and "reply_to" in message

@@ -1075,7 +1075,7 @@ def test_outcomes_refused_for_good_are_settled_and_the_thread_goes_on() -> None:
     """
     machine = ProtocolMachine()
     with contextlib.ExitStack() as stack:
-        stack.enter_context(pf.module_sites())  # the settle site: persist() in the loop
+        stack.enter_context(pf.module_sites())  # the settle site: persist() in settling.py
         stack.callback(machine.teardown)
         machine.setup(policy="review", workers="w1")
         with transaction.atomic():

@@ -1,4 +1,4 @@
-"""Outcome writes the database refuses for good (``outbox/worker/outcomes.py``).
+"""Outcome writes the database refuses for good (``outbox/worker/settling.py``).
 
 A real worker process (``--concurrency 1``: one sender thread, so a thread
 that stops taking mail stops the whole worker), a real SMTP server and the

@@ -30,8 +30,9 @@ from django.core.mail.backends import smtp
 from outbox import enqueue_email
 from outbox.conf import outbox_settings
 from outbox.exceptions import AmbiguousDeliveryError
+from outbox.mail.bounded import bound_send_time
 from outbox.mail.failures import FailureKind, classify
-from outbox.mail.handover import bound_send_time, watch_handover
+from outbox.mail.handover import watch_handover
 from outbox.mail.sendmail import SendmailBackend
 from outbox.mail.targets import HAS_MAILERS, get_delivery_connection
 from outbox.models import Attempt, Delivery

@@ -7,7 +7,8 @@ the backends the outbox creates; a backend that creates its own Django SMTP
 backend inside makes it from ``bounded_backend_class(its_class)``.
 """
 
-from ..mail.handover import bounded_backend_class, watch_handover
+from ..mail.bounded import bounded_backend_class
+from ..mail.handover import watch_handover
 from ..mail.sendmail import SendmailBackend
 from .outbox import OutboxBackend
 

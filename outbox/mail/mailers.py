@@ -48,7 +48,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
-from .handover import bounded_backend_class
+from .bounded import bounded_backend_class
 from .targets import (
     SMTP_BACKEND,
     accepts_timeout,
@@ -128,7 +128,7 @@ def get_connection(alias: str) -> BaseEmailBackend:
     whose options set no ``timeout`` and whose instances show none is created
     again with ``timeout=SEND_TIMEOUT`` when its constructor takes it.
     Django's SMTP backend is bounded as a whole as well: each open, send and
-    close within ``SEND_TIMEOUT`` (:func:`outbox.mail.handover.bounded_backend_class`). Raises
+    close within ``SEND_TIMEOUT`` (:func:`outbox.mail.bounded.bounded_backend_class`). Raises
     ``ImproperlyConfigured`` when this host's settings do not make ``alias``
     a delivery mailer.
     """

@@ -34,7 +34,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
-from .handover import bounded_backend_class
+from .bounded import bounded_backend_class
 
 HAS_MAILERS = hasattr(mail, "mailers")  # Django >= 6.1
 SMTP_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
@@ -88,7 +88,7 @@ def get_delivery_connection() -> BaseEmailBackend:
       ``OPTIONS``; :class:`SendmailBackend`; most third-party backends): the
       attribute becomes ``min(timeout, SEND_TIMEOUT)``, or SEND_TIMEOUT when
       it is ``None`` (no limit). Django's SMTP backend reads it as the socket
-      timeout, which bounds each wait; :func:`~outbox.mail.handover.bounded_backend_class`
+      timeout, which bounds each wait; :func:`~outbox.mail.bounded.bounded_backend_class`
       then bounds the sum: each ``open()`` and ``send_messages()`` as a whole.
     - A class from ``OUTBOX["EMAIL_BACKEND"]`` whose constructor takes a
       ``timeout`` keyword but whose instances show no ``timeout`` attribute:

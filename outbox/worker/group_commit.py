@@ -17,7 +17,7 @@ thread that finds nobody writing writes at once. Only successes and claims go
 this way; other outcomes take their own transaction (``loop._settle_and_mark``).
 
 The writer, whichever sender thread it is, writes on the worker process's
-one step connection (``Worker._step_connection``): a process holds one
+one step connection (:class:`StepConnection`): a process holds one
 database session for its steps, not one per thread. If the transaction
 fails, it failed for every step in it; the connection is dropped, and each
 thread retries its own step, with the same tokens, as it would alone. If the
@@ -35,11 +35,16 @@ about 280 us for a step alone.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable, Sequence
 
+from django.db import DatabaseError, connections
+from django.db.backends.base.base import BaseDatabaseWrapper
+
 from ..db import refused_for_good
-from .sql import Step, StepResult
+from ..models import outbox_alias
+from .sql import Step, StepResult, run_steps
 
 
 class _Waiting:
@@ -127,3 +132,44 @@ class GroupCommit:
                 w.result = self._write([w.step])[0]
             except BaseException as exc:
                 w.error = exc
+
+
+class StepConnection:
+    """The worker process's one database session for its steps, whichever thread writes.
+
+    One connection for every batch of this process: not one per sender
+    thread, each opened (and its plans made) on the first batch that thread
+    happened to write. On SQLite the writer also takes ``sqlite_write_lock``
+    (``Worker.sqlite_write_lock``), the one the sender threads' own write
+    transactions take.
+    """
+
+    def __init__(self, sqlite_write_lock: threading.Lock) -> None:
+        self.sqlite_write_lock = sqlite_write_lock
+        self._db: BaseDatabaseWrapper | None = None
+
+    def write(self, steps: Sequence[Step]) -> list[StepResult]:
+        """The group commit's write, on the step connection; one writer at a time."""
+        db = self._connection()
+        try:
+            if db.vendor == "sqlite":
+                with self.sqlite_write_lock:
+                    return run_steps(steps, db)
+            return run_steps(steps, db)
+        except DatabaseError:
+            # The next batch starts on a fresh connection.
+            self.close()
+            raise
+
+    def _connection(self) -> BaseDatabaseWrapper:
+        if self._db is None:
+            db = connections.create_connection(outbox_alias())
+            db.inc_thread_sharing()  # used by one writer at a time (GroupCommit)
+            self._db = db
+        return self._db
+
+    def close(self) -> None:
+        db, self._db = self._db, None
+        if db is not None:
+            with contextlib.suppress(DatabaseError):
+                db.close()

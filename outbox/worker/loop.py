@@ -2,8 +2,9 @@
 
 The loop reads as the protocol does (see the package docstring): each step is
 one call into the room that owns it (``sql``, ``claimed``, ``send``,
-``outcomes``, ``gate``, ``backoff``); this holds their order, the retries
-between them, and the thread's state in named attributes of :class:`SenderLoop`.
+``outcomes``, ``settling``, ``gate``, ``backoff``); this holds their order,
+the retries between them, and the thread's state in named attributes of
+:class:`SenderLoop`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import time
 import uuid
 from collections import deque
 from contextlib import nullcontext
-from datetime import datetime
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, connections, transaction
@@ -30,17 +30,9 @@ from .claimed import started_from
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import (
-    Settlement,
-    Started,
-    log_unsettled,
-    persist,
-    sent_but_not_ours,
-    settle_refused,
-    write_outcome,
-)
-from .report import announce
+from .outcomes import Settlement, Started, write_outcome
 from .send import Sender
+from .settling import Settling
 
 logger = logging.getLogger("outbox.worker")
 
@@ -62,10 +54,6 @@ class SenderLoop:
         # generator seeded once per thread, not from os.urandom() per email,
         # whose system call hands the GIL to another thread every time.
         self.random = random.Random(os.urandom(32))
-        self.settlement: Settlement | None = None  # the outcome in hand, not yet written
-        # Outcomes the database refused for good, and their settling too: each
-        # tried again at its time (time.monotonic()), with its pause (outcomes.py).
-        self.parked: list[tuple[float, float, Settlement]] = []
         self.nonce: str | None = None  # the claim to repeat after a lost reply
         # The incarnation this thread's claims were made under: once the
         # worker carries on as another, they are the sweeper's.
@@ -79,14 +67,29 @@ class SenderLoop:
         # thread-local lookup, each time it is asked).
         self.database = outbox_alias()
         self.vendor = connections[self.database].vendor
+        # Step 4: the outcome in hand, written alone when no next row is ready,
+        # and the outcomes parked until the database takes them (settling.py).
+        self.settling = Settling(worker, self.database, self.vendor, self._ack)
+
+    @property
+    def settlement(self) -> Settlement | None:
+        """The outcome in hand, not yet written."""
+        return self.settling.settlement
+
+    @settlement.setter
+    def settlement(self, value: Settlement | None) -> None:
+        self.settling.settlement = value
+
+    def _ack(self, delivery_id: int) -> None:
+        self.acks.append(delivery_id)
 
     def run(self) -> None:
         """Deliver until the worker stops; the last outcome and the give-back always run."""
         try:
             while not self.worker.stop_event.is_set():
                 self._forget_claims_of_a_dead_incarnation()
-                if self.parked and self.parked[0][0] <= time.monotonic():
-                    self._settle_parked()
+                if self.settling.parked_due():
+                    self.settling.settle_parked()
                 if self.worker.incarnation().lease_left() <= 0:
                     self._wait_for_the_lease()
                     continue
@@ -230,7 +233,7 @@ class SenderLoop:
             return None
         self.pause.reset()
         if self.settlement is not None:
-            self._settled(self.settlement, changed)
+            self.settling.settled(self.settlement, changed)
         try:
             started = started_from(self.worker, item, token, claimed, begun, worker_id)
         except DatabaseError as exc:
@@ -257,7 +260,7 @@ class SenderLoop:
         """The step was refused for good (nothing of it was written): never retry it as it is.
 
         Which half was refused is not said: the outcome is written alone
-        (settled as ``outcomes.py`` says if it is the one refused), then the
+        (settled as ``settling.py`` says if it is the one refused), then the
         claim is tried again alone. A claim refused for good is dropped, with
         an ERROR: the row stays ``queued``, its id acknowledged (the mirror
         check pushes it again later), and this thread goes on.
@@ -302,100 +305,20 @@ class SenderLoop:
         """
         s = self.settlement
         now = self.worker.clock.now()
-        if self._grouped(s):
-            return self._group_step(s, item.id, token, now, self.worker.emails.recent(), worker_id)
+        if self.settling.grouped(s):
+            known = self.worker.emails.recent()
+            return self.settling.group_step(s, item.id, token, now, known, worker_id)
         # SQLite: see Worker.sqlite_write_lock.
         one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic(using=self.database):
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, worker_id, token, now)
 
-    def _grouped(self, s: Settlement | None) -> bool:
-        """Nothing or a success to write: a step for the group commit."""
-        return self.vendor in ("postgresql", "sqlite") and (
-            s is None
-            # A note or the ESP's message id is written on an Attempt row: see outcomes.py.
-            or (s.outcome == Outcome.SENT and not s.error and not s.esp_message_id)
-        )
-
-    def _group_step(
-        self,
-        s: Settlement | None,
-        claim_id: int | None,
-        token: uuid.UUID,
-        now: datetime,
-        known: int,
-        worker_id: str,
-    ) -> tuple[int, sql.ClaimedRow | None]:
-        settle = (s.delivery.pk, s.started.token) if s is not None else None
-        step = sql.Step(settle, claim_id, worker_id, token, now, known)
-        changed, claimed = self.worker.group_commit.run(step)
-        if s is not None and not changed:
-            changed = sent_but_not_ours(s, now)
-        return changed, claimed
-
-    # -- step 4 on its own, and giving back ---------------------------------------
+    # -- step 4 on its own (settling.py), and giving back -------------------------
 
     def _settle_alone(self) -> None:
         """Write the outcome in hand when there is no next row to share a commit with."""
-        s = self.settlement
-        if s is None:
-            return
-
-        def write() -> int:
-            now = self.worker.clock.now()
-            if self._grouped(s):
-                # A success alone is a step with nothing to claim, so that a
-                # sender thread needs no database connection of its own (at the
-                # end of a burst run every thread writes its last one here).
-                return self._group_step(s, None, s.started.token, now, 0, self.worker.worker_id)[0]
-            with transaction.atomic(using=self.database):
-                return write_outcome(s, now, self.worker.push_quietly)
-
-        changed = persist(
-            write,
-            s,
-            self.worker.stop_event,
-            drop_db_connection,
-            self.worker.outlasted,
-            settle=self._settle_refused,
-        )
-        self.settlement = None
-        if changed is not None:
-            self._settled(s, changed)
-        elif s.refusal:
-            self._park(s, 1.0)
-
-    def _settle_refused(self, s: Settlement) -> int:
-        return settle_refused(s, self.worker.clock.now())
-
-    def _park(self, s: Settlement, delay: float) -> None:
-        """Keep an outcome that nothing could settle aside, to try again in ``delay`` s.
-
-        Its id stays unacknowledged in the processing list and its row
-        ``processing``; if the worker stops first, the sweeper settles it.
-        """
-        self.parked.append((time.monotonic() + delay, delay, s))
-        self.parked.sort(key=lambda parked: parked[0])
-
-    def _settle_parked(self) -> None:
-        """Try the first parked outcome's settling write again (``outcomes.settle_refused``)."""
-        _due, delay, s = self.parked.pop(0)
-        try:
-            changed = self._settle_refused(s)
-        except DatabaseError as exc:
-            drop_db_connection()
-            if refused_for_good(exc):
-                log_unsettled(s, exc)
-            self._park(s, min(delay * 2, 300.0))
-            return
-        self._settled(s, changed)
-
-    def _settled(self, s: Settlement, changed: int) -> None:
-        announce(s, changed, self.worker.stats, self.worker.worker_id)
-        self.acks.append(s.delivery.pk)
-        if self.settlement is s:  # not a parked one
-            self.settlement = None
+        self.settling.alone()
 
     def _give_back(self) -> None:
         """Return claimed-but-unstarted ids to the ready lists (pause, shutdown, quota).

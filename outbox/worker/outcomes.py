@@ -21,26 +21,9 @@ If the UPDATE changes no row, someone else (the sweeper, an operator) settled
 the row meanwhile; nothing is overwritten. A success is still written as an
 Attempt row then: it is the evidence an operator needs.
 
-The database may refuse an outcome's write for good (``db.refused_for_good``:
-a value too long, a NUL, a constraint or a trigger), and retrying the same
-write would then keep a sender thread on one row for ever. The rule, once:
-only errors of the connection are retried without end (:func:`persist`).
-After a refusal for good the row is settled with the least that can be
-written (:func:`settle_refused`), in this order:
-
-* a success: ``sent`` alone (the SENT statement, without the Attempt row
-  that failed); if even that is refused, ``abandoned`` with why in
-  ``last_error``: the server has the message, so it is never sent again
-  without a person (under "review"; under "requeue" only as any in-doubt row);
-* an attempt in doubt: ``abandoned``, as it would have been;
-* any other outcome (nothing was handed over): ``failed``.
-
-``last_error`` then holds the outcome's error and the database's refusal in
-full, and the worker logs an ERROR naming the delivery. If that write is
-refused too, the thread keeps the outcome aside and tries it again with a
-growing pause while it goes on taking mail (``loop.SenderLoop._park``); the
-row stays ``processing`` and its id in the processing list, so if the worker
-stops first, the sweeper settles it like any row left mid-send.
+When the database fails the write (retried while it is unreachable) or
+refuses it for good (settled with the least that can be written),
+``settling.py`` takes over.
 
 The suppression list is written best-effort inside the outcome: an address
 it cannot hold (an IDNA form longer than its column) is logged as a WARNING
@@ -50,11 +33,8 @@ usable on PostgreSQL).
 
 from __future__ import annotations
 
-import functools
 import logging
 import random
-import threading
-import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -65,8 +45,8 @@ from django.db import DatabaseError, transaction
 from .. import transitions
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
+from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
-from ..mail.handover import Server
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
@@ -76,10 +56,6 @@ logger = logging.getLogger("outbox.worker")
 
 Status = Delivery.Status
 Outcome = Attempt.Outcome
-
-# How long a worker keeps retrying the final write after the database failed
-# it during shutdown; after that the row stays `processing` for the sweeper.
-FINALIZE_PATIENCE = 60.0
 
 
 @dataclass
@@ -232,48 +208,6 @@ def suppress_refused(s: Settlement) -> None:
         )
 
 
-def settle_refused(s: Settlement, now: datetime) -> int:
-    """Settle ``s``'s row after its outcome's write was refused for good; returns rows changed.
-
-    What is tried, in order, is the module docstring's. Once written,
-    ``s.outcome`` and ``s.error`` say what was. Raises ``DatabaseError``
-    (refused for good again, or the connection's); nothing was written then.
-    """
-    delivery, token = s.delivery, s.started.token
-    why = f"the database refused to record the outcome ({s.outcome}) for good: {s.refusal}"
-    with transaction.atomic(using=outbox_alias()):
-        if s.outcome == Outcome.SENT:
-            try:
-                with transaction.atomic(
-                    using=outbox_alias()
-                ):  # a savepoint: its refusal leaves ours usable
-                    changed = mark_sent(delivery.pk, token, now)
-            except DatabaseError as exc:
-                if not refused_for_good(exc):
-                    raise
-                why = f"{why}; then refused to record it as sent: {type(exc).__name__}: {exc}"
-            else:
-                return changed or int(
-                    Delivery.objects.filter(
-                        pk=delivery.pk, status=Status.SENT, claim_token=token
-                    ).exists()
-                )
-            outcome = Outcome.AMBIGUOUS
-            error = (
-                f"accepted by the mail server (Message-ID {delivery.message_id}), but {why}: "
-                "mark it sent"
-            )
-        elif s.outcome == Outcome.AMBIGUOUS:
-            outcome, error = Outcome.AMBIGUOUS, f"{s.error}; {why}"
-        else:
-            outcome, error = Outcome.FAILED, f"{s.error}; {why}" if s.error else why
-        change = transitions.IN_DOUBT if outcome == Outcome.AMBIGUOUS else transitions.FAILED
-        error = storable(error)
-        changed = change.apply(delivery.pk, token, now=now, error=error)
-    s.outcome, s.error, s.refused = outcome, error, []
-    return changed
-
-
 def sent_but_not_ours(s: Settlement, now: datetime) -> int:
     """The success UPDATE changed nothing: find out why (rare).
 
@@ -327,85 +261,3 @@ def attempt_logged(s: Settlement) -> bool:
     return Attempt.objects.filter(
         delivery_id=s.delivery.pk, claim_token=s.started.token, outcome=s.outcome
     ).exists()
-
-
-def persist(
-    write: Callable[[], int],
-    s: Settlement,
-    stop: threading.Event,
-    drop: Callable[[], None],
-    outlasted: Callable[[float, str, BaseException | None], bool] | None = None,
-    settle: Callable[[Settlement], int] | None = None,
-) -> int | None:
-    """Run a settling write, retrying while the database is unreachable.
-
-    The outcome is known (the mail server accepted the message, or refused
-    it): writing it down is worth waiting for, so the thread retries until
-    the database answers. Only during shutdown does it give up, after
-    FINALIZE_PATIENCE seconds, or once the outage ``outlasted`` the worker's
-    patience (``--give-up-after``); the row then stays ``processing`` and its
-    id stays in the processing list, and the sweeper flags it once this worker
-    is gone. A write refused for good is not retried: ``settle`` (which runs
-    :func:`settle_refused`) writes the least instead, and if that is refused
-    for good too, it gives up at once. Returns the rows changed, or None when
-    it gave up.
-    """
-    started = time.monotonic()
-    deadline = started + FINALIZE_PATIENCE
-    delay = 0.2
-    while True:
-        try:
-            return write()
-        except DatabaseError as exc:
-            drop()
-            if refused_for_good(exc) and settle is not None:
-                if s.refusal:  # the least was refused too
-                    log_unsettled(s, exc)
-                    return None
-                refuse(s, exc)
-                write = functools.partial(settle, s)
-                continue
-            gave_up = outlasted is not None and outlasted(started, "the database", exc)
-            if gave_up or (stop.is_set() and time.monotonic() >= deadline):
-                logger.error(
-                    "could not record delivery %s (Message-ID %s) as %s: %s; the row "
-                    "stays processing for the sweeper",
-                    s.delivery.pk,
-                    s.delivery.message_id,
-                    s.outcome,
-                    exc,
-                )
-                return None
-            logger.warning(
-                "database error recording delivery %s as %s (%s); retrying",
-                s.delivery.pk,
-                s.outcome,
-                exc,
-            )
-            time.sleep(delay)
-            delay = min(delay * 2, 5.0)
-
-
-def refuse(s: Settlement, exc: BaseException) -> None:
-    """Note the database's refusal for good of ``s``'s write, and say so (an ERROR)."""
-    s.refusal = storable(f"{type(exc).__name__}: {exc}")
-    logger.error(
-        "delivery %s (Message-ID %s): the database refused to record its outcome (%s) "
-        "for good: %s; settling it with the least that can be written",
-        s.delivery.pk,
-        s.delivery.message_id,
-        s.outcome,
-        s.refusal,
-    )
-
-
-def log_unsettled(s: Settlement, exc: BaseException) -> None:
-    logger.error(
-        "delivery %s (Message-ID %s): the database refused to settle it as well (%s: %s); "
-        "it stays processing, tried again later, or settled by the sweeper once this "
-        "worker stops",
-        s.delivery.pk,
-        s.delivery.message_id,
-        type(exc).__name__,
-        exc,
-    )

@@ -18,12 +18,12 @@ An unreachable Redis or database makes the threads back off and wait; with
 ``give_up_after`` (``--give-up-after``, 30 s by default with ``--burst``) an
 outage that lasts that long stops the worker instead, with one error line
 naming what was unreachable and where, and exit status
-:data:`EXIT_UNAVAILABLE` (1 when the database answers but is not migrated).
+:data:`~outbox.worker.outage.EXIT_UNAVAILABLE` (1 when the database answers
+but is not migrated): ``outage.py``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -31,37 +31,31 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import replace
 from types import FrameType
 from typing import Any
 
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DatabaseError, connections
-from django.db.backends.base.base import BaseDatabaseWrapper
+from django.db import connections
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
-from ..db import database_address, database_problem
 from ..mail.targets import get_delivery_connection
 from ..models import outbox_alias
 from ..queue.clock import RedisClock
 from ..queue.control import ControlView
-from ..queue.entries import QueueEntry, redis_address
+from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
 from .backoff import close_quietly
 from .cache import EmailCache
-from .group_commit import GroupCommit
+from .group_commit import GroupCommit, StepConnection
 from .host import Incarnation
 from .loop import SenderLoop
+from .outage import GiveUp
 from .report import Stats
-from .sql import Step, StepResult, run_steps
 
 logger = logging.getLogger("outbox.worker")
-
-# The exit status of a worker that gave up on an unreachable Redis or
-# database: EX_TEMPFAIL of sysexits.h ("try again later").
-EXIT_UNAVAILABLE = 75
 
 
 def default_worker_id() -> str:
@@ -100,12 +94,11 @@ class Worker:
         self.queue = queue or RedisQueue()
         self.summary_interval = summary_interval
         self.progress = progress
+        self.stop_event = threading.Event()
         # Seconds an outage of Redis or the database may last before the
         # worker stops (None: it waits for ever); and, once it gave up, its
-        # exit status.
-        self.give_up_after = give_up_after
-        self.gave_up: int | None = None
-        self.stop_event = threading.Event()
+        # exit status (outage.py).
+        self.give_up = GiveUp(give_up_after, self.stop_event)
         self.stats = Stats()
         self.clock = RedisClock()
         self.emails = EmailCache()
@@ -133,14 +126,20 @@ class Worker:
         # so the next one starts the moment a commit ends, while the others
         # build and send messages. Other processes still meet the busy handler.
         self.sqlite_write_lock = threading.Lock()
-        # The sender threads' steps, written together (group_commit.py).
-        self.group_commit = GroupCommit(self._write_steps, limit=max(1, self.concurrency))
-        self._step_db: BaseDatabaseWrapper | None = None
+        # The sender threads' steps, written together (group_commit.py) on
+        # the process's one step connection.
+        self.steps = StepConnection(self.sqlite_write_lock)
+        self.group_commit = GroupCommit(self.steps.write, limit=max(1, self.concurrency))
         self._sigint_count = 0
 
     @property
     def delivered_total(self) -> int:
         return self.stats.delivered_total
+
+    @property
+    def gave_up(self) -> int | None:
+        """The exit status once the worker gave up on an outage; None until then."""
+        return self.give_up.status
 
     # -- the incarnation, read as one ------------------------------------------------
 
@@ -182,8 +181,8 @@ class Worker:
     def run(self, install_signal_handlers: bool = True) -> int:
         """Run until stopped; returns the exit status.
 
-        0; 1 if a sender thread crashed; :data:`EXIT_UNAVAILABLE` (or 1: not
-        migrated) if it gave up on an outage (``give_up_after``).
+        0; 1 if a sender thread crashed; :data:`~outbox.worker.outage.EXIT_UNAVAILABLE`
+        (or 1: not migrated) if it gave up on an outage (``give_up_after``).
         """
         # From here: a worker that waited for Redis before its threads started
         # ran for that long too.
@@ -191,8 +190,8 @@ class Worker:
         if install_signal_handlers:
             self._install_signal_handlers()
         self.lease_from = self._register(self.worker_id)
-        if self.gave_up is None and self.give_up_after is not None:
-            self._wait_for_the_database()
+        if self.gave_up is None and self.give_up.after is not None:
+            self.give_up.wait_for_the_database(self.worker_id)
             if self.gave_up is not None:
                 self._deregister()  # registered: Redis answered
         if self.gave_up is not None:
@@ -222,7 +221,7 @@ class Worker:
                 last_summary = time.monotonic()
         self.stop_event.set()
         self._heartbeat_stop.set()
-        self._close_step_connection()
+        self.steps.close()
         heartbeat.join(timeout=5)
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
         self._deregister()
@@ -238,85 +237,11 @@ class Worker:
         return 1 if self.crashed else 0
 
     def outlasted(self, since: float, what: str, exc: BaseException | None) -> bool:
-        """Whether an outage of ``what`` that began at ``since`` stops the worker.
+        """Whether an outage of ``what`` that began at ``since`` stops the worker (outage.py).
 
-        True (once ``give_up_after`` has passed): the worker gives up, logging
-        one error line that names what was unreachable, where, and why, and
-        stops. Called by whichever thread waits; the first one to give up speaks.
+        Called by whichever thread waits; the first one to give up speaks.
         """
-        if self.give_up_after is None or time.monotonic() - since < self.give_up_after:
-            return False
-        with self._lock:
-            first = self.gave_up is None
-            if first:
-                self.gave_up = EXIT_UNAVAILABLE  # until _outage() says which
-        if first:
-            message, self.gave_up = self._outage(what, exc, time.monotonic() - since)
-            logger.error("worker %s giving up: %s", self.worker_id, message)
-        self.stop_event.set()
-        return True
-
-    def _outage(self, what: str, exc: BaseException | None, lasted: float) -> tuple[str, int]:
-        """The give-up line's text and the exit status, for an outage of ``what``."""
-        why = f"{type(exc).__name__}: {exc}" if exc is not None else "no answer"
-        if what == "the database":
-            problem = database_problem(outbox_alias())
-            if problem is not None and problem.kind == "not migrated":
-                return str(problem), 1
-            where = database_address(outbox_alias())
-            return f"{where} unreachable for {lasted:.0f}s ({why})", EXIT_UNAVAILABLE
-        if what == "the heartbeat lease":
-            why = "no heartbeat reached it"
-        return f"Redis ({redis_address()}) unreachable for {lasted:.0f}s ({why})", EXIT_UNAVAILABLE
-
-    def _wait_for_the_database(self) -> None:
-        """Before the threads start: the database answers, or the worker gives up.
-
-        Only with ``give_up_after``: a burst run that finds no id in Redis
-        would otherwise exit 0 without having asked the database at all.
-        """
-        since = time.monotonic()
-        while not self.stop_event.is_set():
-            db = connections[outbox_alias()]
-            try:
-                db.ensure_connection()
-                return
-            except DatabaseError as exc:
-                with contextlib.suppress(DatabaseError):
-                    db.close()
-                if self.outlasted(since, "the database", exc):
-                    return
-                logger.warning("cannot reach the database (%s); retrying", exc)
-                self.stop_event.wait(1.0)
-
-    def _write_steps(self, steps: Sequence[Step]) -> list[StepResult]:
-        """The group commit's write, on the step connection; one writer at a time."""
-        db = self._step_connection()
-        try:
-            if db.vendor == "sqlite":
-                with self.sqlite_write_lock:
-                    return run_steps(steps, db)
-            return run_steps(steps, db)
-        except DatabaseError:
-            # The next batch starts on a fresh connection.
-            self._close_step_connection()
-            raise
-
-    def _step_connection(self) -> BaseDatabaseWrapper:
-        # One connection for every batch of this process, whichever thread
-        # writes it: not one per sender thread, each opened (and its plans
-        # made) on the first batch that thread happened to write.
-        if self._step_db is None:
-            db = connections.create_connection(outbox_alias())
-            db.inc_thread_sharing()  # used by one writer at a time (group_commit.py)
-            self._step_db = db
-        return self._step_db
-
-    def _close_step_connection(self) -> None:
-        db, self._step_db = self._step_db, None
-        if db is not None:
-            with contextlib.suppress(DatabaseError):
-                db.close()
+        return self.give_up.outlasted(since, what, exc, self.worker_id)
 
     def stop(self) -> None:
         """Ask every thread to finish the message in hand and exit."""

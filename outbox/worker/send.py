@@ -21,7 +21,8 @@ from django.db import DatabaseError
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
 from ..mail import esp, valve
-from ..mail.handover import Server, handover_server
+from ..mail.connection import Server
+from ..mail.handover import handover_server
 from ..mail.message import build_message
 from ..models import Attempt
 from .connections import Connections

@@ -8,7 +8,7 @@ child processes instead.
 Exit status: 0 when stopped (SIGTERM, SIGINT, ``--burst`` done,
 ``--max-messages`` reached); 1 when a system check fails (not migrated:
 outbox.E025) or a sender thread crashed; 2 for a wrong command line;
-75 (:data:`~outbox.worker.process.EXIT_UNAVAILABLE`) when it gave up on an
+75 (:data:`~outbox.worker.outage.EXIT_UNAVAILABLE`) when it gave up on an
 unreachable Redis or database (``--give-up-after``); 130 after a second SIGINT.
 """
 

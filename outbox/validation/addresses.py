@@ -1,8 +1,7 @@
-"""Input checks for everything that will become a header or an address.
+"""Addresses: one per string, as Django sends them, within RFC 5321's limits.
 
-Every function raises :class:`~outbox.exceptions.InvalidEmailError` (a
-``ValidationError`` naming the field, and a ``ValueError``), or
-:class:`TypeError` for a value of the wrong type, before anything is written.
+Also the one form an address is compared and stored in (:func:`suppression_key`,
+:func:`bare_address`).
 """
 
 from __future__ import annotations
@@ -10,47 +9,18 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping
 from email import errors
-from email.header import decode_header
 from email.headerregistry import AddressHeader
 from email.utils import formataddr, getaddresses, parseaddr
 from typing import Any
 
-import django
-from django.core.exceptions import ImproperlyConfigured, ValidationError
+from django.core.exceptions import ValidationError
 from django.core.mail.message import sanitize_address
 from django.core.validators import validate_email
-from django.template import Engine, Template, engines
-from django.template.backends.django import DjangoTemplates
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
-from .exceptions import InvalidEmailError
+from .text import MODERN_EMAIL_API, check_text, field_error, require_type
 
-# Characters that end a line somewhere (str.splitlines and the email package):
-# any of them in a header is a header-injection attempt.
-LINE_BREAKS = "\r\n\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029"
-_LINE_BREAK_RE = re.compile(f"[{LINE_BREAKS}\x00]")
-# RFC 5322 field name: printable US-ASCII except colon.
-_HEADER_NAME_RE = re.compile(r"^[\x21-\x39\x3b-\x7e]+$")
-# Headers the outbox writes itself for each recipient's copy, or that would break MIME.
-RESERVED_HEADERS = frozenset(
-    {
-        "message-id",
-        "bcc",
-        "content-type",
-        "content-transfer-encoding",
-        "mime-version",
-        # Set from the call's own arguments (subject, from_email, reply_to).
-        "subject",
-        "from",
-        "reply-to",
-    }
-)
-# Display headers that may be given, but must then hold valid addresses.
-ADDRESS_HEADERS = frozenset({"to", "cc"})
-# RFC 5322 empty group, e.g. "undisclosed-recipients:;" for a message with no To.
-_EMPTY_GROUP_RE = re.compile(r"^\s*[\w .-]+:\s*;\s*$")
-_MIMETYPE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
 MAX_ADDRESS_LENGTH = 320
 # RFC 5321, 4.5.3.1: the limits of an address on the wire, in octets. The
 # domain counts in its IDNA form (what Django's SMTP backend sends, and what a
@@ -59,52 +29,6 @@ MAX_ADDRESS_LENGTH = 320
 MAX_LOCAL_PART_OCTETS = 64
 MAX_DOMAIN_OCTETS = 255
 MAX_PATH_OCTETS = 256
-# Django's own words for a line break in a header (5.2 and 6), so that code
-# and tests that look for them find them.
-HEADER_INJECTION = (
-    "Header values may not contain linefeed or carriage return characters (%(field)s)."
-    if django.VERSION >= (6, 0)
-    else "Header values can't contain newlines (%(field)s)."
-)
-# Django 6.0 moved EmailMessage to Python's modern email API.
-MODERN_EMAIL_API = django.VERSION >= (6, 0)
-
-
-def field_error(field: str, message: str, code: str = "invalid") -> InvalidEmailError:
-    return InvalidEmailError({field: [ValidationError(message, code=code)]})
-
-
-def require_type(field: str, value: Any, types: type | tuple[type, ...], what: str) -> None:
-    allowed = types if isinstance(types, tuple) else (types,)
-    # bool is an int subclass; True is not a valid max_attempts.
-    if not isinstance(value, allowed) or (isinstance(value, bool) and bool not in allowed):
-        raise TypeError(f"{field} must be {what}, not {type(value).__name__}")
-
-
-def check_text(field: str, value: str, *, single_line: bool) -> None:
-    """Reject text the database or a mail header cannot carry safely."""
-    if "\x00" in value:
-        raise field_error(field, _("NUL characters are not allowed."))
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise field_error(field, _("Text must be valid Unicode (no lone surrogates).")) from None
-    if single_line and (_LINE_BREAK_RE.search(value) or _LINE_BREAK_RE.search(_decoded(value))):
-        raise field_error(field, _(HEADER_INJECTION) % {"field": field}, code="header_injection")
-
-
-def _decoded(value: str) -> str:
-    """The text of any RFC 2047 encoded words in ``value`` (which could hide a CR/LF)."""
-    if "=?" not in value:
-        return ""
-    try:
-        parts = decode_header(value)
-    except Exception:  # malformed encoded words are left as the literal text they are
-        return ""
-    return "".join(
-        part.decode(charset or "ascii", "replace") if isinstance(part, bytes) else part
-        for part, charset in parts
-    )
 
 
 # An address without a display name, quotes or comments: getaddresses() would
@@ -346,91 +270,3 @@ def normalize_address_list(field: str, values: Any) -> list[str]:
             seen.add(key)
             result.append(formatted)
     return result
-
-
-def normalize_headers(headers: Any) -> dict[str, str]:
-    if headers is None:
-        return {}
-    if not isinstance(headers, dict):
-        raise TypeError(f"headers must be a dict, not {type(headers).__name__}")
-    result: dict[str, str] = {}
-    for name, value in headers.items():
-        require_type("headers", name, str, "a dict of str to str")
-        require_type("headers", value, str, "a dict of str to str")
-        if not _HEADER_NAME_RE.match(name):
-            raise field_error("headers", _("%(name)r is not a valid header name.") % {"name": name})
-        if name.lower() in RESERVED_HEADERS:
-            raise field_error(
-                "headers", _("The outbox sets the %(name)s header itself.") % {"name": name}
-            )
-        check_text("headers", value, single_line=True)
-        if name.lower() in ADDRESS_HEADERS and not _EMPTY_GROUP_RE.match(value):
-            addresses = [a.strip() for a in _split_addresses(value)]
-            if not addresses:
-                raise field_error("headers", _("The %(name)s header is empty.") % {"name": name})
-            for address in addresses:
-                normalize_address("headers", address)
-        result[name] = value
-    return result
-
-
-def _split_addresses(value: str) -> list[str]:
-    """Split an address-list header value at the commas between addresses."""
-    return [formataddr(pair) if pair[0] else pair[1] for pair in getaddresses([value])] or [value]
-
-
-def check_mimetype(field: str, value: str) -> None:
-    if not _MIMETYPE_RE.match(value):
-        raise field_error(
-            field, _("%(value)r is not a MIME type like text/plain.") % {"value": value[:60]}
-        )
-
-
-# -- email templates ----------------------------------------------------------------
-
-
-def template_engine() -> Engine:
-    """The project's Django template engine, which email templates compile with."""
-    for backend in engines.all():
-        if isinstance(backend, DjangoTemplates):
-            return backend.engine
-    raise ImproperlyConfigured(
-        "outbox email templates need a DjangoTemplates engine in settings.TEMPLATES."
-    )
-
-
-def describe_template_error(exc: BaseException, source: str | None = None) -> str:
-    """An error with the line it is on, when the template engine can tell."""
-    debug = getattr(exc, "template_debug", None)
-    if debug is None and source is not None:
-        # Compiled without debug: compile again with it, for the line number.
-        try:
-            Template(source, engine=_debug_engine())
-        except Exception as again:
-            debug = getattr(again, "template_debug", None)
-    if debug:
-        return _("line %(line)d: %(error)s") % {"line": debug["line"], "error": exc}
-    return str(exc)
-
-
-def _debug_engine() -> Engine:
-    engine = template_engine()
-    return Engine(
-        debug=True,
-        libraries=engine.libraries,
-        builtins=[b for b in engine.builtins if b not in Engine.default_builtins],
-    )
-
-
-def check_template_syntax(parts: Mapping[str, str]) -> None:
-    """Compile each part ``{field: source}``; raise ``ValidationError`` per field that fails."""
-    errors: dict[str, list[str]] = {}
-    for field, source in parts.items():
-        if not source:
-            continue
-        try:
-            Template(source, engine=_debug_engine())
-        except Exception as exc:
-            errors[field] = [describe_template_error(exc)]
-    if errors:
-        raise ValidationError(errors)
