@@ -4,7 +4,7 @@ A runserver process (threaded, as in development) takes concurrent enqueue
 requests while a real ``outbox_worker --concurrency 4`` delivers beside it,
 both with Django's default SQLite options (no ``transaction_mode``, a 5 s
 timeout). The outbox's enqueue transactions take their turn
-(``outbox/enqueue/sql.py``, ``write_transaction``); before, a few of forty
+(``outbox/enqueue/turns.py``, ``write_transaction``); before, a few of forty
 concurrent requests failed with "database is locked". Check ``outbox.W015``
 still tells the project to set the two options for its own transactions.
 """

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from outbox import enqueue_email
 from outbox.models import Delivery, Email
-from outbox.worker import sql
+from outbox.worker import rows, sql
 
 Status = Delivery.Status
 TOKEN = uuid.UUID(int=1)
@@ -74,7 +74,7 @@ def _row(
     return delivery
 
 
-def _outcome(result: tuple[int, sql.ClaimedRow | None]) -> tuple[Any, ...]:
+def _outcome(result: tuple[int, rows.ClaimedRow | None]) -> tuple[Any, ...]:
     settled, claimed = result
     if claimed is None:
         return (settled, None)
@@ -173,7 +173,7 @@ def _step(fast: bool, settle, claim_id, token, now, known):
         claimed = sql.claim_row(claim_id, "w#new", token, now) if claim_id else None
     if claimed is not None and not claimed.expired and claimed.delivery.email_id != known:
         email, attachments = sql.load_email(claimed.delivery.email_id)
-        claimed = sql.ClaimedRow(claimed.delivery, email, attachments, claimed.expired)
+        claimed = rows.ClaimedRow(claimed.delivery, email, attachments, claimed.expired)
     return settled, claimed
 
 

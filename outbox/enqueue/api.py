@@ -35,7 +35,8 @@ from ..suppression import bare_address, suppressed
 
 # Re-exported: the validation step's public names, where callers found them.
 from .prepare import Prepared, prepare
-from .sql import insert_postgresql, write_transaction
+from .sql import insert_postgresql
+from .turns import write_transaction
 
 logger = logging.getLogger("outbox.enqueue")
 

@@ -30,7 +30,8 @@ from ..rendering import TemplateCache
 from ..suppression import bare_address, suppressed
 from .api import prepare_email, prepare_template, queue_entries, write_one
 from .prepare import Prepared
-from .sql import BulkRow, insert_many, write_transaction
+from .sql import BulkRow, insert_many
+from .turns import write_transaction
 
 __all__ = ["CHUNK", "enqueue_many"]
 

@@ -10,7 +10,7 @@
 suppression list, then the email and its deliveries, with ``bulk_create``, in
 one transaction; see ``outbox/enqueue/api.py``), the same path that serves attachments
 and idempotency keys everywhere. The code that runs the statements here is in
-``outbox/worker/sql.py`` (``_steps_sqlite``) and ``outbox/enqueue/sql.py``;
+``outbox/worker/sql.py`` (``_steps_sqlite``), ``outbox/enqueue/sql.py`` and ``outbox/enqueue/turns.py``;
 PostgreSQL's hot path is ``postgresql.py``.
 
 The same rules as PostgreSQL's, with one difference. SQLite has no server

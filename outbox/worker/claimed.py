@@ -18,7 +18,7 @@ from django.db import transaction
 
 from ..models import Delivery, outbox_alias
 from ..queue.entries import Claimed
-from . import sql
+from . import rows, sql
 from .host import WorkerHost
 from .outcomes import Started
 
@@ -31,7 +31,7 @@ def started_from(
     worker: WorkerHost,
     item: Claimed,
     token: uuid.UUID,
-    claimed: sql.ClaimedRow | None,
+    claimed: rows.ClaimedRow | None,
     begun: float,
     worker_id: str,
 ) -> Started | None:
@@ -60,7 +60,7 @@ def started_from(
             worker.stats.add("skipped")
             return None
         # Our earlier UPDATE committed; its reply was lost.
-        claimed = sql.ClaimedRow(owned, None, False)
+        claimed = rows.ClaimedRow(owned, None, False)
     if claimed.expired:
         # The claim UPDATE found it past its expires_at and cancelled it.
         logger.info("delivery %s expired before it was sent; cancelled", item.id)

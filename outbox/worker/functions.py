@@ -22,7 +22,7 @@ from __future__ import annotations
 from .. import transitions
 from ..transitions import Placeholder
 
-# A step's row (``outbox.worker.sql.StepColumns``): how many rows the success
+# A step's row (``outbox.worker.rows.StepColumns``): how many rows the success
 # changed, the claimed row, and the email's content, read only when the worker
 # does not have it cached.
 _COLUMNS = (

@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from ..db import refused_for_good
 from ..models import Attempt, Delivery, outbox_alias
 from ..queue.entries import Claimed, QueueEntry
-from . import sql
+from . import rows, sql
 from .backoff import Backoff, drop_db_connection, wait_idle
 from .claimed import started_from
 from .faults import fault
@@ -296,7 +296,7 @@ class SenderLoop:
 
     def _settle_and_mark(
         self, item: Claimed, token: uuid.UUID, worker_id: str
-    ) -> tuple[int, sql.ClaimedRow | None]:
+    ) -> tuple[int, rows.ClaimedRow | None]:
         """Step 4 of the previous message and step 2 of the next, in one transaction.
 
         No outcome or a success goes through the group commit (``group_commit``);

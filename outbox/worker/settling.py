@@ -43,7 +43,7 @@ from django.db import DatabaseError, transaction
 from .. import transitions
 from ..db import refused_for_good, storable
 from ..models import Attempt, Delivery, outbox_alias
-from . import sql
+from . import rows, sql
 from .backoff import drop_db_connection
 from .host import WorkerHost
 from .outcomes import Settlement, sent_but_not_ours, write_outcome
@@ -95,7 +95,7 @@ class Settling:
         now: datetime,
         known: int,
         worker_id: str,
-    ) -> tuple[int, sql.ClaimedRow | None]:
+    ) -> tuple[int, rows.ClaimedRow | None]:
         settle = (s.delivery.pk, s.started.token) if s is not None else None
         step = sql.Step(settle, claim_id, worker_id, token, now, known)
         changed, claimed = self.worker.group_commit.run(step)

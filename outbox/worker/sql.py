@@ -1,4 +1,4 @@
-"""The worker's statements run, and their rows mapped, for each database.
+"""The worker's statements run, for each database (their rows are mapped in ``rows.py``).
 
 What runs once per email is raw SQL: the ORM's query building costs more CPU
 than the round trip. The statements themselves, with the rules they keep, are
@@ -26,73 +26,21 @@ from django.db.models import F
 from django.db.models.functions import Now
 
 from .. import transitions
-from ..db import binding_cursor, loaded_instance, rows_by_name
+from ..db import binding_cursor, rows_by_name
 from ..models import Delivery, Email, outbox_alias
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 from ..transitions import named
+from .rows import (
+    ClaimColumns,
+    ClaimedRow,
+    ContentColumns,
+    StepColumns,
+    delivery_from,
+    email_from,
+)
 
 Status = Delivery.Status
-
-
-class ClaimedRow(NamedTuple):
-    delivery: Delivery
-    email: Email | None  # None: not read with the claim (cached, or SQLite)
-    has_attachments: bool
-    expired: bool = False  # claimed into `cancelled`: drop it, never send it
-
-
-class ClaimColumns(NamedTuple):
-    """What the claim returns (``MARK``'s RETURNING), read by column name."""
-
-    email_id: int
-    recipient: str
-    priority: str
-    attempts: int
-    max_attempts: int
-    message_id: str
-    status: str  # cancelled: the claim found the row past its expires_at
-    content: str | None = None  # SQLite's CLAIM_WITH_CONTENT: the email's content, JSON
-
-
-class ContentColumns(NamedTuple):
-    """An email's content as ``EMAIL`` returns it (and SQLite's claim, as JSON keys)."""
-
-    subject: str
-    body: str
-    html_message: str
-    from_email: str
-    reply_to: Any
-    headers: Any
-    mailer: str
-    has_attachments: bool
-    structure: Any
-
-
-class StepColumns(NamedTuple):
-    """A step's row: the columns of ``outbox_step()`` and ``outbox_steps()``.
-
-    The claim's columns are None when nothing was claimed, the content's when
-    the worker has the email cached (or the claim found the row expired).
-    """
-
-    settled: int
-    email_id: int | None
-    recipient: str | None
-    priority: str | None
-    attempts: int | None
-    max_attempts: int | None
-    message_id: str | None
-    subject: str | None
-    body: str | None
-    html_message: str | None
-    from_email: str | None
-    reply_to: Any
-    headers: Any
-    mailer: str | None
-    has_attachments: bool | None
-    claimed_status: str | None
-    structure: Any
 
 
 # The last_error of a row the claim found expired.
@@ -152,68 +100,6 @@ def _params(
     }
 
 
-def _delivery(
-    pk: int,
-    worker_id: str,
-    token: uuid.UUID,
-    now: datetime,
-    row: ClaimColumns | StepColumns,
-    using: str,
-) -> Delivery:
-    """The claimed row as the worker needs it, from the RETURNING columns.
-
-    The columns the statements do not return are left as ``Delivery()``
-    would set them, except ``not_before``: the row was due at ``now``.
-    """
-    return loaded_instance(
-        Delivery,
-        {
-            "id": pk,
-            "email_id": row.email_id,
-            "recipient": row.recipient,
-            "recipient_key": "",
-            "status": Status.PROCESSING,
-            "priority": row.priority,
-            "attempts": row.attempts,
-            "max_attempts": row.max_attempts,
-            "not_before": now,
-            "worker_id": worker_id,
-            "claim_token": token,
-            "processing_started_at": now,
-            "sent_at": None,
-            "server_host": "",  # not returned: written by note_server() before the send
-            "server_address": "",
-            "message_id": row.message_id,
-            "last_error": "",
-            "expires_at": None,
-            "idempotency_key": None,
-            "created_at": None,
-            "updated_at": None,
-        },
-        using,
-    )
-
-
-def _email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
-    """The email as the worker needs it, from the content columns the statements return."""
-    return loaded_instance(
-        Email,
-        {
-            "id": pk,
-            "subject": row.subject,
-            "body": row.body,
-            "html_message": row.html_message,
-            "from_email": row.from_email,
-            "reply_to": _json(row.reply_to),
-            "headers": _json(row.headers),
-            "created_at": None,
-            "mailer": row.mailer,
-            "structure": _json(row.structure),
-        },
-        using,
-    )
-
-
 def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> ClaimedRow | None:
     """The conditional UPDATE of step 2 with RETURNING (PostgreSQL, SQLite >= 3.35).
 
@@ -230,7 +116,7 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
             return None
         row = rows_by_name.one(ClaimColumns, cursor, found)
     expired = row.status == Status.CANCELLED
-    delivery = _delivery(pk, worker_id, token, now, row, db.alias)
+    delivery = delivery_from(pk, worker_id, token, now, row, db.alias)
     return ClaimedRow(delivery, None, False, expired)
 
 
@@ -316,11 +202,11 @@ def _step_result(step: Step, row: StepColumns, using: str) -> StepResult:
     if row.email_id is None:
         return settled, None
     assert step.claim_id is not None  # a claimed row came back
-    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row, using)
+    delivery = delivery_from(step.claim_id, step.worker_id, step.token, step.now, row, using)
     expired = row.claimed_status == Status.CANCELLED
     if row.subject is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
-    email = _email_from(row.email_id, row, using)
+    email = email_from(row.email_id, row, using)
     return settled, ClaimedRow(delivery, email, bool(row.has_attachments))
 
 
@@ -369,12 +255,12 @@ def _sqlite_result(step: Step, settled: int, row: ClaimColumns | None, using: st
     if row is None:
         return settled, None
     assert step.claim_id is not None
-    delivery = _delivery(step.claim_id, step.worker_id, step.token, step.now, row, using)
+    delivery = delivery_from(step.claim_id, step.worker_id, step.token, step.now, row, using)
     expired = row.status == Status.CANCELLED
     if row.content is None or expired:
         return settled, ClaimedRow(delivery, None, False, expired)
     content = ContentColumns(**json.loads(row.content))  # a JSON object: by key
-    email = _email_from(row.email_id, content, using)
+    email = email_from(row.email_id, content, using)
     return settled, ClaimedRow(delivery, email, bool(content.has_attachments))
 
 
@@ -426,7 +312,7 @@ def load_email(email_id: int) -> tuple[Email, bool]:
         if found is None:
             raise Email.DoesNotExist(f"email {email_id} is gone")
         row = rows_by_name.one(ContentColumns, cursor, found)
-    return _email_from(email_id, row, db.alias), bool(row.has_attachments)
+    return email_from(email_id, row, db.alias), bool(row.has_attachments)
 
 
 def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:
@@ -437,11 +323,6 @@ def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:
         .first()
     )
     return QueueEntry(pk, row["priority"], row["not_before"].timestamp()) if row else None
-
-
-def _json(value: Any) -> Any:
-    # A raw cursor gets JSON columns as text on PostgreSQL (Django's loader) and SQLite.
-    return json.loads(value) if isinstance(value, str | bytes) else value
 
 
 def due_clock(redis_now: datetime) -> Now | datetime:

@@ -1,0 +1,145 @@
+"""The worker's rows, read by column name: what its statements return, as model instances.
+
+The statements and their runners are ``sql.py``; this is only the mapping,
+so that the runners read the columns by name and build the instances the
+sender needs without a query of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import datetime
+from typing import Any, NamedTuple
+
+from ..db import loaded_instance
+from ..models import Delivery, Email
+
+Status = Delivery.Status
+
+
+class ClaimedRow(NamedTuple):
+    delivery: Delivery
+    email: Email | None  # None: not read with the claim (cached, or SQLite)
+    has_attachments: bool
+    expired: bool = False  # claimed into `cancelled`: drop it, never send it
+
+
+class ClaimColumns(NamedTuple):
+    """What the claim returns (``MARK``'s RETURNING), read by column name."""
+
+    email_id: int
+    recipient: str
+    priority: str
+    attempts: int
+    max_attempts: int
+    message_id: str
+    status: str  # cancelled: the claim found the row past its expires_at
+    content: str | None = None  # SQLite's CLAIM_WITH_CONTENT: the email's content, JSON
+
+
+class ContentColumns(NamedTuple):
+    """An email's content as ``EMAIL`` returns it (and SQLite's claim, as JSON keys)."""
+
+    subject: str
+    body: str
+    html_message: str
+    from_email: str
+    reply_to: Any
+    headers: Any
+    mailer: str
+    has_attachments: bool
+    structure: Any
+
+
+class StepColumns(NamedTuple):
+    """A step's row: the columns of ``outbox_step()`` and ``outbox_steps()``.
+
+    The claim's columns are None when nothing was claimed, the content's when
+    the worker has the email cached (or the claim found the row expired).
+    """
+
+    settled: int
+    email_id: int | None
+    recipient: str | None
+    priority: str | None
+    attempts: int | None
+    max_attempts: int | None
+    message_id: str | None
+    subject: str | None
+    body: str | None
+    html_message: str | None
+    from_email: str | None
+    reply_to: Any
+    headers: Any
+    mailer: str | None
+    has_attachments: bool | None
+    claimed_status: str | None
+    structure: Any
+
+
+def delivery_from(
+    pk: int,
+    worker_id: str,
+    token: uuid.UUID,
+    now: datetime,
+    row: ClaimColumns | StepColumns,
+    using: str,
+) -> Delivery:
+    """The claimed row as the worker needs it, from the RETURNING columns.
+
+    The columns the statements do not return are left as ``Delivery()``
+    would set them, except ``not_before``: the row was due at ``now``.
+    """
+    return loaded_instance(
+        Delivery,
+        {
+            "id": pk,
+            "email_id": row.email_id,
+            "recipient": row.recipient,
+            "recipient_key": "",
+            "status": Status.PROCESSING,
+            "priority": row.priority,
+            "attempts": row.attempts,
+            "max_attempts": row.max_attempts,
+            "not_before": now,
+            "worker_id": worker_id,
+            "claim_token": token,
+            "processing_started_at": now,
+            "sent_at": None,
+            "server_host": "",  # not returned: written by note_server() before the send
+            "server_address": "",
+            "message_id": row.message_id,
+            "last_error": "",
+            "expires_at": None,
+            "idempotency_key": None,
+            "created_at": None,
+            "updated_at": None,
+        },
+        using,
+    )
+
+
+def email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
+    """The email as the worker needs it, from the content columns the statements return."""
+    return loaded_instance(
+        Email,
+        {
+            "id": pk,
+            "subject": row.subject,
+            "body": row.body,
+            "html_message": row.html_message,
+            "from_email": row.from_email,
+            "reply_to": json_value(row.reply_to),
+            "headers": json_value(row.headers),
+            "created_at": None,
+            "mailer": row.mailer,
+            "structure": json_value(row.structure),
+        },
+        using,
+    )
+
+
+def json_value(value: Any) -> Any:
+    # A raw cursor gets JSON columns as text on PostgreSQL (Django's loader) and SQLite.
+    return json.loads(value) if isinstance(value, str | bytes) else value
