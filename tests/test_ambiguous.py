@@ -32,9 +32,9 @@ from outbox.mail.failures import FailureKind, classify, is_ambiguous, is_permane
 from outbox.mail.handover import handover_server, server_of, watch_handover
 from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
+from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, free_port
 from tests.servers import sample_message as message
-from tests.test_send_timeout import use_smtp
 
 Status = Delivery.Status
 

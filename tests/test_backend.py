@@ -27,52 +27,22 @@ from outbox.backends import OutboxBackend
 from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
-from outbox.worker import Worker
-from tests.servers import SMTPRecorder
+from tests.delivery import OUTBOX_BACKEND, deliver, use_outbox, use_smtp_delivery
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
     pytest.mark.filterwarnings("error::DeprecationWarning", "error::PendingDeprecationWarning"),
 ]
 
-OUTBOX_BACKEND = "outbox.backends.OutboxBackend"
-LOCMEM = "django.core.mail.backends.locmem.EmailBackend"
-SMTP = "django.core.mail.backends.smtp.EmailBackend"
 PNG = b"\x89PNG\r\n\x1a\n" + bytes(range(256))
 
 # Django 6.0 takes email.message.MIMEPart attachments and deprecates MIMEBase ones.
 MIMEPART_ATTACHMENTS = django.VERSION >= (6, 0)
 
 
-def use_outbox(settings, delivery: str = LOCMEM, options: dict | None = None) -> None:
-    """Make the outbox the project's mail backend, delivering through ``delivery``."""
-    outbox = {k: v for k, v in settings.OUTBOX.items() if k not in ("EMAIL_BACKEND", "MAILER")}
-    if HAS_MAILERS:
-        settings.MAILERS = {
-            "default": {"BACKEND": OUTBOX_BACKEND},
-            "delivery": {"BACKEND": delivery, "OPTIONS": options or {}},
-        }
-        settings.OUTBOX = {**outbox, "MAILER": "delivery"}
-    else:
-        settings.EMAIL_BACKEND = OUTBOX_BACKEND
-        settings.OUTBOX = {**outbox, "EMAIL_BACKEND": delivery}
-        for name, value in (options or {}).items():
-            setattr(settings, f"EMAIL_{name.upper()}", value)
-
-
-def use_smtp_delivery(settings, server: SMTPRecorder) -> None:
-    use_outbox(settings, SMTP, {"host": "127.0.0.1", "port": server.port})
-
-
 @pytest.fixture
 def outbox(settings) -> None:
     use_outbox(settings)
-
-
-def deliver() -> Worker:
-    worker = Worker(burst=True)
-    assert worker.run(install_signal_handlers=False) == 0
-    return worker
 
 
 def ready_ids(queue: RedisQueue) -> list[int]:

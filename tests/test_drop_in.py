@@ -23,7 +23,7 @@ from outbox.backends import OutboxBackend
 from outbox.exceptions import InvalidEmailError
 from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Delivery, Email
-from tests.test_backend import deliver, use_outbox, use_smtp_delivery
+from tests.delivery import deliver, use_outbox, use_smtp_delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -19,8 +19,8 @@ from outbox import enqueue_email, enqueue_template
 from outbox.models import Attempt, Delivery, EmailTemplate
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
+from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, wait_until
-from tests.test_send_timeout import use_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -91,8 +91,8 @@ from outbox.models import Delivery, Email
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
 from tests.cells import only_in_cells
+from tests.delivery import use_outbox, use_smtp_delivery
 from tests.servers import SMTPRecorder, empty_outbox
-from tests.test_backend import use_outbox, use_smtp_delivery
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

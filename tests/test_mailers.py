@@ -22,8 +22,8 @@ from outbox.models import Attempt, Delivery, Email, EmailTemplate
 from outbox.queue import ratelimit
 from outbox.worker import Worker
 from tests.checking import outbox_checks
+from tests.delivery import SMTP, use_smtp
 from tests.servers import SMTPRecorder, sample_message, wait_until
-from tests.test_send_timeout import SMTP, use_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -41,6 +41,7 @@ from outbox.worker import Worker
 from outbox.worker import sql as worker_sql
 from outbox.worker.loop import SenderLoop
 from outbox.worker.outcomes import Settlement
+from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_worker_process import process_state
 
@@ -324,8 +325,6 @@ def test_a_worker_frozen_while_its_step_waits_on_a_row_lock_does_not_send(
 
 def smtp_backend(settings, port: int):
     """Django's SMTP backend to ``port``, configured as a project would (any Django version)."""
-    from tests.test_send_timeout import use_smtp
-
     use_smtp(settings, port)
     return get_delivery_connection()
 

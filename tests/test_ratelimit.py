@@ -22,8 +22,8 @@ from outbox.status import collect, render
 from outbox.sweeper import Sweeper
 from tests.cells import only_in_cells
 from tests.checking import outbox_checks
+from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, wait_until
-from tests.test_send_timeout import use_smtp
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

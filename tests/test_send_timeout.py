@@ -37,41 +37,15 @@ from outbox.mail.sendmail import SendmailBackend
 from outbox.mail.targets import HAS_MAILERS, get_delivery_connection
 from outbox.models import Attempt, Delivery
 from tests.checking import outbox_checks
+from tests.delivery import SMTP, use_outbox, use_smtp
 from tests.proxy import FaultProxy
 from tests.servers import SilentServer, SMTPRecorder
 from tests.servers import sample_message as message
 
-SMTP = "django.core.mail.backends.smtp.EmailBackend"
 SEND_TIMEOUT = 1.0
 # How long a send bounded by SEND_TIMEOUT may take in these tests: the limit
 # plus room for a slow CI machine, far below "forever".
 BOUND = SEND_TIMEOUT + 4.0
-
-
-def use_delivery(settings, backend: str, options: dict[str, Any] | None = None, **outbox) -> None:
-    """Make ``backend`` the worker's delivery target, as a project would configure it."""
-    merged = {k: v for k, v in settings.OUTBOX.items() if k not in ("EMAIL_BACKEND", "MAILER")}
-    merged.update(outbox)
-    if HAS_MAILERS:
-        settings.MAILERS = {
-            "default": {"BACKEND": "outbox.backends.OutboxBackend"},
-            "delivery": {"BACKEND": backend, "OPTIONS": options or {}},
-        }
-        settings.OUTBOX = {**merged, "MAILER": "delivery"}
-    else:
-        settings.EMAIL_BACKEND = "outbox.backends.OutboxBackend"
-        settings.OUTBOX = {**merged, "EMAIL_BACKEND": backend}
-        for name, value in (options or {}).items():
-            setattr(settings, f"EMAIL_{name.upper()}", value)
-
-
-def use_smtp(settings, port: int, timeout: float | None = None, **outbox) -> None:
-    options: dict[str, Any] = {"host": "127.0.0.1", "port": port}
-    if timeout is not None:
-        options["timeout"] = timeout
-    elif not HAS_MAILERS:
-        settings.EMAIL_TIMEOUT = None  # Django's default: no limit
-    use_delivery(settings, SMTP, options, **outbox)
 
 
 @dataclass
@@ -166,7 +140,7 @@ def test_a_longer_project_timeout_is_lowered_to_send_timeout(settings):
 
 
 def test_sendmail_backend_gets_send_timeout(settings):
-    use_delivery(settings, "outbox.backends.SendmailBackend", SEND_TIMEOUT=7)
+    use_outbox(settings, "outbox.backends.SendmailBackend", SEND_TIMEOUT=7)
     backend = get_delivery_connection()
     assert isinstance(backend, SendmailBackend)
     assert backend.timeout == 7.0
@@ -329,7 +303,7 @@ class ProjectSMTPBackend(smtp.EmailBackend):
 
 def test_a_projects_smtp_backend_subclass_keeps_its_overrides_and_is_bounded(settings, trickled):
     server, proxy = trickled
-    use_delivery(
+    use_outbox(
         settings,
         "tests.test_send_timeout.ProjectSMTPBackend",
         {"host": "127.0.0.1", "port": proxy.port},

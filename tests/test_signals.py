@@ -14,7 +14,7 @@ from django.dispatch import Signal
 from outbox import enqueue_email, operations, signals, transitions
 from outbox.models import Delivery, Email
 from outbox.worker import Worker
-from tests.test_backend import use_outbox, use_smtp_delivery
+from tests.delivery import use_outbox, use_smtp_delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

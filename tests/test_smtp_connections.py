@@ -13,8 +13,8 @@ import pytest
 from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.worker import send
+from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, wait_until
-from tests.test_send_timeout import use_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -24,8 +24,8 @@ from outbox.mail import valve
 from outbox.models import Attempt, Delivery, EmailTemplate
 from outbox.worker import Worker
 from tests.checking import outbox_checks
+from tests.delivery import use_outbox, use_smtp_delivery
 from tests.servers import SMTPRecorder
-from tests.test_backend import use_outbox, use_smtp_delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -21,8 +21,8 @@ from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Delivery, EmailTemplate, Suppression
 from outbox.suppression import add_refused
 from outbox.worker import Worker
+from tests.delivery import SMTP, use_smtp
 from tests.servers import SMTPRecorder
-from tests.test_send_timeout import SMTP, use_smtp
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
