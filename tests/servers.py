@@ -8,6 +8,8 @@
   it and never replies (until stopped). With ``greeting_host`` and ``log`` it
   greets as that host and writes a Postfix-style mail log under that host
   name, as one relay of a pool would.
+- :class:`RefusingOnce`: an SMTPRecorder that gives each refused address its
+  reply once, then accepts it (a temporary refusal that passes).
 - :class:`SilentServer`: accepts TCP connections and never says a word (no
   SMTP greeting), until stopped.
 
@@ -234,6 +236,23 @@ class SMTPRecorder:
             for item in self.received:
                 counts[item.message_id] = counts.get(item.message_id, 0) + 1
         return counts
+
+
+@dataclass
+class RefusingOnce(SMTPRecorder):
+    """Gives each address of ``refuse`` its reply once, then accepts it."""
+
+    refused: list[str] = field(default_factory=list)
+
+    async def handle_RCPT(
+        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
+    ) -> str:
+        reply = self.refuse.pop(address, None)
+        if reply:
+            self.refused.append(address)
+            return reply
+        envelope.rcpt_tos.append(address)
+        return "250 OK"
 
 
 class SilentServer:

@@ -26,8 +26,6 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -44,9 +42,9 @@ from outbox.queue.scripts import shared_script
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
 from tests.cells import slow_processes
+from tests.processes import Run, process_state
 from tests.proxy import Fault, FaultProxy
-from tests.servers import SMTPRecorder, wait_until
-from tests.test_worker_process import process_state
+from tests.servers import RefusingOnce, SMTPRecorder, wait_until
 
 pytestmark = slow_processes(
     ("5.2:postgres",),
@@ -73,23 +71,6 @@ not_on_a_topology = pytest.mark.skipif(
 
 
 @dataclass
-class RefusingOnce(SMTPRecorder):
-    """Gives each address of ``refuse`` its reply once, then accepts it."""
-
-    refused: list[str] = field(default_factory=list)
-
-    async def handle_RCPT(
-        self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
-    ) -> str:
-        reply = self.refuse.pop(address, None)
-        if reply:
-            self.refused.append(address)
-            return reply
-        envelope.rcpt_tos.append(address)
-        return "250 OK"
-
-
-@dataclass
 class Timed(SMTPRecorder):
     """Records when each DATA began (time.monotonic()), before any ``delay``."""
 
@@ -112,35 +93,6 @@ def smtp_of() -> Iterator[Callable[[SMTPRecorder], SMTPRecorder]]:
     yield start
     for server in started:
         server.stop()
-
-
-class Run:
-    """A worker subprocess whose output a thread reads as it comes (no full pipe)."""
-
-    def __init__(self, proc: subprocess.Popen[str]) -> None:
-        self.proc = proc
-        self.lines: list[str] = []
-        self.reader = threading.Thread(target=self._read, name="worker-output", daemon=True)
-        self.reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line)
-
-    def output(self) -> str:
-        return "".join(self.lines)
-
-    def send(self, signum: int) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signum)
-
-    def finish(self, signum: int = signal.SIGTERM, timeout: float = 30) -> int:
-        """Send ``signum`` (if still running), wait for the exit; returns the exit status."""
-        self.send(signum)
-        code = self.proc.wait(timeout=timeout)
-        self.reader.join(timeout=10)
-        return code
 
 
 @pytest.fixture

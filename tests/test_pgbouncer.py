@@ -38,9 +38,9 @@ from outbox import enqueue_email, enqueue_many
 from outbox.models import Delivery
 from tests.cells import only_in_cells
 from tests.pgbouncer import PgBouncer, unavailable
-from tests.servers import SMTPRecorder, subprocess_env, wait_until
+from tests.processes import Run
+from tests.servers import RefusingOnce, SMTPRecorder, subprocess_env, wait_until
 from tests.test_chaos import SMALL
-from tests.test_network_faults import RefusingOnce, Run
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -25,9 +25,9 @@ from outbox.reconcilers.postfix_log import scan
 from outbox.sweeper import Sweeper
 from tests.cells import only_in_cells
 from tests.postfix import PostfixServer, unavailable
+from tests.processes import kill_at, process_state
 from tests.servers import SMTPRecorder, wait_until
 from tests.test_postfix_log import other_zone
-from tests.test_worker_process import kill_at, process_state
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),

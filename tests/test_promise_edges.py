@@ -37,6 +37,7 @@ from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
 from outbox.worker import Worker
 from outbox.worker.cache import EmailCache
+from tests.processes import process_state
 from tests.servers import SMTPRecorder, subprocess_env, wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -179,8 +180,6 @@ def test_restart_under_the_same_worker_id_does_not_hold_the_old_row(
     policy, worker_process, smtp_server
 ):
     """SIGKILL mid-send, then an immediate restart under the same --worker-id."""
-    from tests.test_worker_process import process_state
-
     [victim] = enqueue_email("s", "b", None, ["victim@example.com"])
     env = {"OUTBOX_TEST_SMTP_PORT": str(smtp_server.port), "OUTBOX_TEST_ABANDONED_POLICY": policy}
     first = worker_process(

@@ -42,8 +42,8 @@ from outbox.worker import sql as worker_sql
 from outbox.worker.loop import SenderLoop
 from outbox.worker.outcomes import Settlement
 from tests.delivery import use_smtp
+from tests.processes import process_state
 from tests.servers import SMTPRecorder, wait_until
-from tests.test_worker_process import process_state
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -20,8 +20,8 @@ from outbox.models import Attempt, Delivery, Email
 from outbox.reconcilers import UNKNOWN, Answer, Question, Reconciler
 from outbox.sweeper import Sweeper
 from tests.checking import outbox_checks
+from tests.processes import kill_at
 from tests.servers import wait_until
-from tests.test_worker_process import kill_at
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import subprocess
-from pathlib import Path
 
 import pytest
 
@@ -17,6 +16,7 @@ from outbox.models import Delivery
 from outbox.queue import RedisQueue
 from outbox.sweeper import Sweeper
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
+from tests.processes import kill_at
 from tests.servers import SMTPRecorder, wait_until
 
 pytestmark = slow_processes(
@@ -25,26 +25,6 @@ pytestmark = slow_processes(
 )
 
 Status = Delivery.Status
-
-
-def process_state(proc: subprocess.Popen) -> str:
-    """The kernel's state letter for the process (T = stopped)."""
-    try:
-        return Path(f"/proc/{proc.pid}/stat").read_text().split(") ", 1)[1][0]
-    except FileNotFoundError:
-        return "gone"
-
-
-def kill_at(worker_process, point: str, smtp: SMTPRecorder, policy: str) -> subprocess.Popen:
-    proc = worker_process(
-        OUTBOX_FAULT_POINT=point,
-        OUTBOX_TEST_SMTP_PORT=str(smtp.port),
-        OUTBOX_TEST_ABANDONED_POLICY=policy,
-    )
-    wait_until(lambda: process_state(proc) == "T", timeout=30)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(timeout=10)
-    return proc
 
 
 def sweep_and_drain(worker_process, smtp: SMTPRecorder, policy: str) -> None:
