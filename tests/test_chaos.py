@@ -29,39 +29,13 @@ import shutil
 import pytest
 from django.db import connection
 
+from tests.chaos.config import SMALL
 from tests.chaos.run import Config, run_chaos
 
 pytestmark = pytest.mark.slow
 
 # The cell (OUTBOX_TEST_PG_NAME) that runs each policy's chaos run.
 CHAOS_CELL = {"review": "outbox_61_postgres", "requeue": "outbox_52_postgres"}
-
-SMALL = {
-    "deliveries": 300,
-    "workers": 3,
-    "concurrency": [1, 2, 4],
-    "random_kills": 1,
-    "stops": 1,
-    "window_kills": 2,
-    "db_refusals": 1,
-    "redis_wipes": 1,
-    "restarts": 1,
-    "skews": 1,
-    "slow_web_hosts": 1,
-    "hostile_every": 20,
-    "stalls": 1,
-    "cuts": 1,
-    "lost_claims": 1,
-    "lost_steps": 1,
-    "lost_pushes": 1,
-    "redis_outages": 1,
-    "pg_outages": 1,
-    "lock_stops": 1,
-    "long_sends": 1,
-    "proxied_workers": 2,
-    "time_limit": 120.0,
-    "seed": 5,
-}
 
 
 def skip_unless_chaos_cell(policy: str) -> None:

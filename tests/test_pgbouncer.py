@@ -37,10 +37,10 @@ from django.urls import reverse
 from outbox import enqueue_email, enqueue_many
 from outbox.models import Delivery
 from tests.cells import only_in_cells
+from tests.chaos.config import SMALL
 from tests.pgbouncer import PgBouncer, unavailable
 from tests.processes import Run
 from tests.servers import RefusingOnce, SMTPRecorder, subprocess_env, wait_until
-from tests.test_chaos import SMALL
 
 ROOT = Path(__file__).resolve().parent.parent
 

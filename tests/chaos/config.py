@@ -2,7 +2,8 @@
 
 ``Config`` is what the command line (``run.py``) builds and the child process
 (``child.py``) receives as JSON; ``COUNT_KEYS`` are the counts ``analysis.py``
-always reports; ``HarnessError`` is a chaos step that could not be carried out.
+always reports; ``HarnessError`` is a chaos step that could not be carried out;
+``SMALL`` is the size of the test suite's run.
 """
 
 from __future__ import annotations
@@ -153,6 +154,36 @@ class Config:
             "lock-stop": self.lock_stops,
             "long-send": self.long_sends,
         }
+
+
+# The test suite's small run (tests/test_chaos.py): a few hundred deliveries, one or
+# two faults of each kind. tests/test_pgbouncer.py starts from it with every fault at 0.
+SMALL = {
+    "deliveries": 300,
+    "workers": 3,
+    "concurrency": [1, 2, 4],
+    "random_kills": 1,
+    "stops": 1,
+    "window_kills": 2,
+    "db_refusals": 1,
+    "redis_wipes": 1,
+    "restarts": 1,
+    "skews": 1,
+    "slow_web_hosts": 1,
+    "hostile_every": 20,
+    "stalls": 1,
+    "cuts": 1,
+    "lost_claims": 1,
+    "lost_steps": 1,
+    "lost_pushes": 1,
+    "redis_outages": 1,
+    "pg_outages": 1,
+    "lock_stops": 1,
+    "long_sends": 1,
+    "proxied_workers": 2,
+    "time_limit": 120.0,
+    "seed": 5,
+}
 
 
 # -- the parent: one child process per policy --------------------------------------------
