@@ -15,6 +15,9 @@ fails, by its master's pid. What Postfix 3.7 asks of a private instance:
 
 It needs root and the ``postfix`` binary (``tests/lib.sh``'s
 ``ensure_postfix``); :func:`unavailable` says why it cannot run.
+
+:func:`other_zone` is a Django TIME_ZONE whose offset differs from the host's:
+Postfix (and syslog) stamps its log in the host's zone, whatever Django's is.
 """
 
 from __future__ import annotations
@@ -27,13 +30,25 @@ import signal
 import socket
 import subprocess
 import tempfile
+from datetime import UTC, datetime
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
+from outbox.reconcilers.postfix_log import host_zone
 from tests.servers import free_port, wait_until
 
 POSTFIX = "/usr/sbin/postfix"
 DEFAULT_MAIN_CF = Path("/etc/postfix/main.cf")
 LOCK = Path(tempfile.gettempdir()) / "outbox-postfix-main-cf.lock"
+
+
+def other_zone() -> str:
+    """A zone whose offset differs from the host's now (Europe/Berlin unless the host is on it)."""
+    now = datetime.now(UTC)
+    for name in ("Europe/Berlin", "Asia/Tokyo"):
+        if now.astimezone(ZoneInfo(name)).utcoffset() != now.astimezone(host_zone()).utcoffset():
+            return name
+    raise AssertionError("unreachable: Berlin and Tokyo differ")
 
 
 def unavailable() -> str | None:

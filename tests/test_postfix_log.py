@@ -23,6 +23,7 @@ from outbox.models import Delivery, Email
 from outbox.reconcilers import PostfixLogReconciler, Question, Verdict
 from outbox.reconcilers.evidence import log_host_matches
 from outbox.reconcilers.postfix_log import host_zone, log_files, parse_timestamp, scan
+from tests.postfix import other_zone
 
 T0 = datetime(2026, 11, 23, 12, 0, 0, tzinfo=UTC)
 WORKER = "mx1:4242#a1b2c3"
@@ -30,15 +31,6 @@ WORKER = "mx1:4242#a1b2c3"
 
 def traditional(at: datetime) -> str:
     return at.astimezone(host_zone()).strftime("%b %e %H:%M:%S")
-
-
-def other_zone() -> str:
-    """A zone whose offset differs from the host's now (Europe/Berlin unless the host is on it)."""
-    now = datetime.now(UTC)
-    for name in ("Europe/Berlin", "Asia/Tokyo"):
-        if now.astimezone(ZoneInfo(name)).utcoffset() != now.astimezone(host_zone()).utcoffset():
-            return name
-    raise AssertionError("unreachable: Berlin and Tokyo differ")
 
 
 def rfc3339(at: datetime) -> str:

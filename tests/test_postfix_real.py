@@ -24,10 +24,9 @@ from outbox.reconcilers import PostfixLogReconciler, Question, Verdict
 from outbox.reconcilers.postfix_log import scan
 from outbox.sweeper import Sweeper
 from tests.cells import only_in_cells
-from tests.postfix import PostfixServer, unavailable
+from tests.postfix import PostfixServer, other_zone, unavailable
 from tests.processes import kill_at, process_state
 from tests.servers import SMTPRecorder, wait_until
-from tests.test_postfix_log import other_zone
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
