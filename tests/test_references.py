@@ -12,12 +12,18 @@ the project and check four kinds of reference:
 - a dotted path (``outbox.worker.loop.SenderLoop``) imports;
 - ``OUTBOX["NAME"]`` names a setting (``outbox.conf.DEFAULTS``).
 
+And one reference the tests must not make: no module under ``tests/`` imports
+a test module (``tests.test_*``). What several test modules share lives in a
+helper module (``tests/servers.py``, ``tests/delivery.py``, ``tests/processes.py``,
+...), where the next reader looks for it.
+
 Reports of past runs (``tests/*/results/``) are left out: they record what the
 code was when they were made.
 """
 
 from __future__ import annotations
 
+import ast
 import importlib
 import re
 import subprocess
@@ -181,3 +187,62 @@ def test_named_settings_exist() -> None:
 def test_external_names_are_not_ours(name: str) -> None:
     """An allowed outside name must not hide a stale reference to a file of ours."""
     assert resolve(name) is None
+
+
+def imports_of_test_modules(path: str, source: str) -> set[tuple[int, str]]:
+    """(line, name) of each ``tests.test_*`` module that ``source``, the file at ``path``, imports.
+
+    Every spelling counts: ``import tests.test_x``, ``from tests.test_x import
+    name``, ``from tests import test_x``, and relative imports, resolved
+    against the file's package; inside a function too.
+    """
+    package = path.removesuffix(".py").split("/")[:-1]
+    found = set()
+    for node in ast.walk(ast.parse(source, filename=path)):
+        if isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = package[: len(package) - node.level + 1] if node.level else []
+            module = ".".join([*base, *([node.module] if node.module else [])])
+            names = [module] + [f"{module}.{alias.name}" for alias in node.names]
+        else:
+            continue
+        for name in names:
+            parts = name.split(".")
+            if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
+                found.add((node.lineno, ".".join(parts[:2])))
+    return found
+
+
+def test_each_spelling_of_importing_a_test_module_is_found() -> None:
+    source = (
+        "import tests.test_a\n"
+        "from tests.test_b import helper\n"
+        "from tests import test_c\n"
+        "from .test_d import helper\n"
+        "def f():\n"
+        "    from . import test_e\n"
+        "from tests.servers import test_data\n"  # a name in a helper module
+        "import test_f\n"  # not under tests
+    )
+    found = imports_of_test_modules("tests/test_z.py", source)
+    assert sorted(found) == [
+        (1, "tests.test_a"),
+        (2, "tests.test_b"),
+        (3, "tests.test_c"),
+        (4, "tests.test_d"),
+        (6, "tests.test_e"),
+    ]
+
+
+def test_no_module_under_tests_imports_a_test_module() -> None:
+    """What test modules share lives in helper modules, where the next reader looks for it."""
+    imports = []
+    for path in tracked():
+        if path.startswith("tests/") and path.endswith(".py") and "/results/" not in path:
+            source = (ROOT / path).read_text(encoding="utf-8")
+            imports += [(path, *found) for found in imports_of_test_modules(path, source)]
+    assert not imports, (
+        "test modules imported by other modules; move what they share to a helper module:\n"
+        + "\n".join(f"{path}:{n}: {name}" for path, n, name in sorted(imports))
+    )
