@@ -15,11 +15,13 @@ import signal
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from django.core.mail import EmailMessage
 from django.test import Client
+from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from outbox import enqueue_email
@@ -157,7 +159,12 @@ def test_a_timeout_after_the_esp_took_it_is_in_doubt_and_its_webhook_settles_it(
     esp.plan["slow@example.com"] = ["slow"]
     worker_process("--concurrency", "1", **env(esp))
     row = settled(row.pk, Status.ABANDONED, Status.SENT)
-    time.sleep(1.0)  # long enough for a wrong retry to be made
+    # Until the worker sent a later email, due after any retry's backoff (0.1-0.4 s):
+    # by then a wrong retry of the first would have been made.
+    [later] = enqueue_email(
+        "Hi", "Body", None, ["later@example.com"], send_at=timezone.now() + timedelta(seconds=1)
+    )
+    settled(later.pk, Status.SENT)
     assert Delivery.objects.get(pk=row.pk).status == Status.ABANDONED
     [taken] = esp.accepted_for("slow@example.com")
     [doubt] = row.attempt_log.all()

@@ -77,8 +77,6 @@ def insert_postgresql(
                 recipients=p.recipients,
                 message_ids=list(message_ids),
                 bare=list(bare),
-                queued=Delivery.Status.QUEUED,
-                cancelled=Delivery.Status.CANCELLED,
             )
             cursor.execute(postgresql.ENQUEUE_CALL, params)
             returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())

@@ -17,13 +17,13 @@ import functools
 import smtplib
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.core.mail.backends.smtp import EmailBackend as SMTPBackend
 
 from .budget import SendBudget
-from .connection import handover_connection_class
+from .connection import handover_connection_class, put_before
 
 _B = TypeVar("_B", bound=BaseEmailBackend)
 
@@ -98,12 +98,7 @@ def bounded_backend_class(cls: type[_B]) -> type[_B]:
         return cls
     if issubclass(cls, BoundedSMTPBackend):
         return cls
-    made = _backend_classes.get(cls)
-    if made is None:
-        namespace = {"__module__": cls.__module__, "__qualname__": cls.__qualname__}
-        made = type(cls.__name__, (BoundedSMTPBackend, cls), namespace)
-        made = _backend_classes.setdefault(cls, made)
-    return made
+    return cast(type[_B], put_before(BoundedSMTPBackend, cls, _backend_classes))
 
 
 def bound_send_time(backend: BaseEmailBackend) -> SendBudget | None:

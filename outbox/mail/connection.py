@@ -17,7 +17,7 @@ import smtplib
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from ..exceptions import AmbiguousDeliveryError, SendFencedError
 from .budget import BoundedReader, SendBudget
@@ -174,16 +174,25 @@ class HandoverSMTP(smtplib.SMTP):
 _connection_classes: dict[type, type] = {}
 
 
+def put_before(mixin: type, base: type, made: dict[type, type]) -> type:
+    """``mixin`` put before ``base`` in a subclass of the same name, made once per ``base``.
+
+    A public way to add behaviour to a class the project chose (its SMTP
+    connection class, its email backend) without touching the class itself;
+    ``made`` is the caller's cache, so every instance shares one class.
+    """
+    found = made.get(base)
+    if found is None:
+        namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__}
+        found = made.setdefault(base, type(base.__name__, (mixin, base), namespace))
+    return found
+
+
 def handover_connection_class(base: type[smtplib.SMTP]) -> type[HandoverSMTP]:
     """:class:`HandoverSMTP` put before ``base`` (same name), made once per class."""
     if issubclass(base, HandoverSMTP):
         return base
-    made = _connection_classes.get(base)
-    if made is None:
-        namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__}
-        made = type(base.__name__, (HandoverSMTP, base), namespace)
-        made = _connection_classes.setdefault(base, made)
-    return made
+    return cast(type[HandoverSMTP], put_before(HandoverSMTP, base, _connection_classes))
 
 
 def _is_seconds(value: object) -> bool:

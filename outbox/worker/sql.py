@@ -85,10 +85,6 @@ def _params(
     """The named parameters of the statements above, adapted for ``db``."""
     claim_token = Delivery._meta.get_field("claim_token")
     return {
-        "sent": Status.SENT,
-        "processing": Status.PROCESSING,
-        "queued": Status.QUEUED,
-        "cancelled": Status.CANCELLED,
         "expired": EXPIRED_ERROR,
         "now": db.ops.adapt_datetimefield_value(now),
         "settle_id": settle_id,
