@@ -15,6 +15,12 @@ or, when set, by :attr:`FakeESP.choose` (the chaos run's dice):
 ``422``      Postmark's refusal of the recipient (``ErrorCode`` 300); Mailgun's 400
 ``500``, ``502``, ``503``  that status (503 with ``Retry-After``)
 ``gateway``  accepted, then a gateway's 502 instead of the ESP's answer
+``inactive`` Postmark: the request is accepted, but not for this recipient
+             (Postmark's "inactive addresses" answer); anymail says ``rejected``
+
+A request's action is its first recipient's; a Postmark request may name
+several (To, Cc and Bcc: one message), each kept as its own :class:`Accepted`
+with the one ESP id, and every request body is kept in :attr:`FakeESP.bodies`.
 
 Every accepted message is kept (:attr:`FakeESP.accepted`) with the ESP's id,
 its recipient, its metadata and its Message-ID; :func:`postmark_event` and
@@ -36,7 +42,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from email.utils import parseaddr
+from email.utils import getaddresses, parseaddr
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs
@@ -57,6 +63,7 @@ class Accepted:
     metadata: dict[str, str]
     message_id: str  # the RFC Message-ID header, as sent
     at: float = field(default_factory=time.time)
+    request: dict[str, Any] = field(default_factory=dict)  # the request's body, parsed
 
 
 class FakeESP:
@@ -69,6 +76,7 @@ class FakeESP:
         self.retry_after = retry_after
         self.accepted: list[Accepted] = []
         self.requests: list[tuple[str, str]] = []  # (recipient, action)
+        self.bodies: list[dict[str, Any]] = []  # every request's body, parsed (Postmark)
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -95,12 +103,35 @@ class FakeESP:
             self.requests.append((recipient, chosen))
             return chosen
 
-    def accept(self, esp: str, to: str, metadata: dict[str, str], message_id: str) -> Accepted:
-        esp_id = str(uuid.uuid4()) if esp == "Postmark" else f"<{uuid.uuid4().hex}@mg.example.com>"
-        taken = Accepted(esp, esp_id, parseaddr(to)[1], metadata, message_id)
+    def accept(
+        self,
+        esp: str,
+        to: str,
+        metadata: dict[str, str],
+        message_id: str,
+        *,
+        esp_id: str = "",
+        request: dict[str, Any] | None = None,
+    ) -> Accepted:
+        if not esp_id:
+            esp_id = (
+                str(uuid.uuid4()) if esp == "Postmark" else f"<{uuid.uuid4().hex}@mg.example.com>"
+            )
+        taken = Accepted(esp, esp_id, parseaddr(to)[1], metadata, message_id, request=request or {})
         with self.lock:
             self.accepted.append(taken)
         return taken
+
+    def inactive(self, recipient: str) -> bool:
+        """Whether ``recipient``'s next planned action is ``inactive`` (then taken)."""
+        recipient = parseaddr(recipient)[1].lower()
+        with self.lock:
+            queued = self.plan.get(recipient, [])
+            if queued and queued[0] == "inactive":
+                queued.pop(0)
+                self.requests.append((recipient, "inactive"))
+                return True
+            return False
 
     def accepted_for(self, recipient: str) -> list[Accepted]:
         with self.lock:
@@ -124,21 +155,54 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 self.answer(404, {"message": "not found"})
 
         def postmark(self, data: dict[str, Any]) -> None:
+            with esp.lock:
+                esp.bodies.append(data)
             to = data.get("To", "")
+            recipients = [
+                address
+                for name in ("To", "Cc", "Bcc")
+                for _name, address in getaddresses([data.get(name) or ""])
+                if address
+            ]
             headers = {h["Name"].lower(): h["Value"] for h in data.get("Headers", [])}
-            action = esp.action(to)
+            first = recipients[0] if recipients else ""
+            first_inactive = esp.inactive(first)
+            action = "ok" if first_inactive else esp.action(first)
             if action == "422":
                 message = f"Invalid 'To' address: '{parseaddr(to)[1]}'."
                 return self.answer(422, {"ErrorCode": 300, "Message": message})
             if self.failed(action, {"ErrorCode": 701, "Message": "fake failure"}):
                 return
-            taken = esp.accept(
-                "Postmark", to, data.get("Metadata", {}), headers.get("message-id", "")
-            )
-            self.accepted(action, {
-                "To": to, "SubmittedAt": "2026-01-01T00:00:00Z", "MessageID": taken.esp_id,
-                "ErrorCode": 0, "Message": "OK",
-            })  # fmt: skip
+            refused = [r.lower() for r in recipients[1:] if esp.inactive(r)]
+            if first_inactive:
+                refused.insert(0, first.lower())
+            esp_id = str(uuid.uuid4())
+            for recipient in recipients:
+                if recipient.lower() not in refused:
+                    esp.accept(
+                        "Postmark",
+                        recipient,
+                        data.get("Metadata", {}),
+                        headers.get("message-id", ""),
+                        esp_id=esp_id,
+                        request=data,
+                    )
+            message = "OK"
+            if refused:
+                message = (
+                    "Message OK, but will not deliver to these inactive addresses: "
+                    f"{', '.join(refused)}. Inactive recipients are ones that have generated "
+                    "a hard bounce or a spam complaint."
+                )
+            answer = {
+                "SubmittedAt": "2026-01-01T00:00:00Z",
+                "MessageID": esp_id,
+                "ErrorCode": 0,
+                "Message": message,
+            }
+            if to:
+                answer["To"] = to
+            self.accepted(action, answer)
 
         def mailgun(self, form: dict[str, str]) -> None:
             to = form.get("to", "")

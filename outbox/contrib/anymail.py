@@ -3,7 +3,9 @@
 When django-anymail is installed, :meth:`outbox.apps.OutboxConfig.ready`
 connects :func:`record_event`. An event is matched to a delivery by, in
 order: the delivery's identity in the event's metadata (id and claim token,
-which every copy sent through an anymail backend carries: ``mail/esp.py``),
+which every copy sent through an anymail backend carries: ``mail/esp.py``;
+for a message sent in one request, the event's recipient picks its row among
+those of the same attempt),
 the ESP's own message id recorded on an attempt, or the RFC Message-ID. Then:
 
 - a row **in doubt** (``abandoned``: the request's answer was lost, or the
@@ -111,7 +113,7 @@ def find_delivery(event: Any) -> tuple[Delivery | None, bool]:
         ours = Q(claim_token=token) | Q(attempt_log__claim_token=token)
         delivery = Delivery.objects.filter(ours, pk=pk).distinct().first()
         if delivery is not None:
-            return delivery, True
+            return _recipients_row(delivery, ours, event), True
     message_id = str(getattr(event, "message_id", None) or "").strip()
     if not message_id:
         return None, False
@@ -127,6 +129,26 @@ def find_delivery(event: Any) -> tuple[Delivery | None, bool]:
     # ESPs report the Message-ID with or without its angle brackets.
     bare = message_id.strip("<>")
     return Delivery.objects.filter(message_id__in=[f"<{bare}>", bare]).first(), False
+
+
+def _recipients_row(delivery: Delivery, ours: Q, event: Any) -> Delivery:
+    """The row of the event's recipient among those sent in ``delivery``'s request.
+
+    A message's rows go to an ESP in one request under one claim token, and
+    its metadata names the first of them (``mail/esp.py``): the event's
+    recipient picks its own row, of the same email and attempt.
+    """
+    recipient = str(getattr(event, "recipient", None) or "")
+    if not recipient or bare_address(recipient) == bare_address(delivery.recipient):
+        return delivery
+    companion = (
+        Delivery.objects.filter(
+            ours, email_id=delivery.email_id, recipient_key=bare_address(recipient)
+        )
+        .distinct()
+        .first()
+    )
+    return companion or delivery
 
 
 def _write_evidence(

@@ -35,6 +35,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 from typing import Any
@@ -202,7 +203,7 @@ class Sweeper:
         ids = self.queue.processing_ids(worker_id)
         rows = list(
             Delivery.objects.filter(pk__in=set(ids)).values(
-                "pk", "status", "worker_id", "priority", "not_before"
+                "pk", "status", "worker_id", "priority", "not_before", "email_id"
             )
         )
         back = [
@@ -216,6 +217,7 @@ class Sweeper:
             if row["status"] == Status.PROCESSING and row["worker_id"] == worker_id
         ]
         if in_window:
+            in_window += self._companions(rows, worker_id)
             self._apply_policy(in_window, Q(worker_id=worker_id), report, worker_id)
         self.queue.reap(worker_id, back)
         report.returned += len(back)
@@ -227,6 +229,22 @@ class Sweeper:
             len(back),
             len(in_window),
         )
+
+    def _companions(self, rows: Sequence[Mapping[str, Any]], worker_id: str) -> list[int]:
+        """The rows the dead worker marked with those it claimed, for one ESP request.
+
+        They are in no processing list (``mail/esp.py``): found by their
+        message and their worker, through the index of ``email_id``.
+        """
+        emails = {row["email_id"] for row in rows if row["status"] == Status.PROCESSING}
+        held = {row["pk"] for row in rows}
+        return [
+            pk
+            for pk in Delivery.objects.filter(
+                email_id__in=emails, status=Status.PROCESSING, worker_id=worker_id
+            ).values_list("pk", flat=True)
+            if pk not in held
+        ]
 
     # -- 2. rows stuck in processing ----------------------------------------------
 

@@ -2,7 +2,8 @@
 
 Each :class:`Transition` in ``table.py`` is one conditional UPDATE of ``outbox_delivery``:
 the statuses the row must be in (``source``), what else must hold (``guard``:
-the claim token of the attempt, or that the row is due), and the columns it
+the claim token of the attempt, or that the row is due; or, instead of one row,
+its message's other rows), and the columns it
 writes (``sets``). Nothing else in the package writes a status. Two renderings
 are derived from the same entry:
 
@@ -27,8 +28,10 @@ worker), and the caller acts on that, never on a status it read before.
 
 from .render import (
     CLOCK,
+    COMPANIONS,
     DUE,
     TOKEN,
+    UNEXPIRED,
     Column,
     Const,
     IfExpired,
@@ -48,10 +51,12 @@ from .table import (
     FAILED,
     IN_DOUBT,
     MARK,
+    MARK_COMPANIONS,
     MARK_FAILED,
     MARK_SENT,
     NOTE_SERVER,
     RELEASE,
+    RELEASE_COMPANIONS,
     REQUEUE,
     REQUEUE_DEAD,
     REQUEUE_NOT_SENT,
@@ -65,6 +70,7 @@ __all__ = [
     "ALL",
     "CANCEL",
     "CLOCK",
+    "COMPANIONS",
     "DROPPED",
     "DUE",
     "EXPIRE",
@@ -72,10 +78,12 @@ __all__ = [
     "FAIL_DEAD",
     "IN_DOUBT",
     "MARK",
+    "MARK_COMPANIONS",
     "MARK_FAILED",
     "MARK_SENT",
     "NOTE_SERVER",
     "RELEASE",
+    "RELEASE_COMPANIONS",
     "REQUEUE",
     "REQUEUE_DEAD",
     "REQUEUE_NOT_SENT",
@@ -83,6 +91,7 @@ __all__ = [
     "RETRY",
     "SENT",
     "TOKEN",
+    "UNEXPIRED",
     "Column",
     "Const",
     "IfExpired",

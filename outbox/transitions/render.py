@@ -146,6 +146,9 @@ class IfExpired:
 
 TOKEN = "token"  # guard: the attempt's claim token, ``claim_token = %(token)s``
 DUE = "due"  # guard: the row is due by the clock, ``not_before <= now``
+UNEXPIRED = "unexpired"  # guard: not past its ``expires_at`` by the clock
+# Not one row but the others of its message: ``email_id = %(email)s AND id <> %(id)s``.
+COMPANIONS = "companions"
 
 
 @dataclass(frozen=True)
@@ -173,7 +176,8 @@ class Transition:
         join: str = "",
         returning: tuple[str, ...] | None = None,
     ) -> str:
-        """The statement for the row ``WHERE id = <id>``; ``param`` writes each parameter.
+        """The statement for the row ``WHERE id = <id>`` (or its companions); ``param`` writes
+        each parameter.
 
         ``param`` defaults to :func:`named`; the PL/pgSQL functions pass their
         own (their arguments, or the columns of a set of steps,
@@ -187,11 +191,18 @@ class Transition:
         put = param or named()
         sets = ",\n    ".join(f"{col} = {v.sql(vendor, put)}" for col, v in self.sets.items())
         statuses = ", ".join(Const(s).sql(vendor, put) for s in self.source)
-        where = [f"id = {put('id')}", f"(status IN ({statuses})) IS TRUE"]
+        if COMPANIONS in self.guard:
+            where = [f"email_id = {put('email')}", f"id <> {put('id')}"]
+        else:
+            where = [f"id = {put('id')}"]
+        where.append(f"(status IN ({statuses})) IS TRUE")
         if TOKEN in self.guard:
             where.append(f"claim_token = {put('token')}")
         if DUE in self.guard:
             where.append(f"not_before <= {CLOCK.sql(vendor, put)}")
+        if UNEXPIRED in self.guard:
+            clock = CLOCK.sql(vendor, put)
+            where.append(f"(expires_at IS NULL OR expires_at > {clock})")
         text = f"UPDATE {TABLE} SET\n    {sets}\n"
         if join:
             text += f"FROM {join}\n"
@@ -206,8 +217,8 @@ class Transition:
         found = Q(status__in=list(self.source))
         if TOKEN in self.guard:
             found &= Q(claim_token=token)
-        if DUE in self.guard:
-            raise ValueError(f"{self.name}: the due test is the worker's statement's only")
+        if DUE in self.guard or COMPANIONS in self.guard:
+            raise ValueError(f"{self.name}: runs as the worker's statement only")
         return found
 
     def values(self, vendor: str, **params: Any) -> dict[str, Any]:

@@ -3,7 +3,19 @@
 from __future__ import annotations
 
 from ..models import Attempt, Delivery
-from .render import CLOCK, DUE, TOKEN, Column, Const, IfExpired, NotBefore, Param, Transition
+from .render import (
+    CLOCK,
+    COMPANIONS,
+    DUE,
+    TOKEN,
+    UNEXPIRED,
+    Column,
+    Const,
+    IfExpired,
+    NotBefore,
+    Param,
+    Transition,
+)
 
 Status = Delivery.Status
 Outcome = Attempt.Outcome
@@ -39,6 +51,24 @@ MARK = Transition(
         "message_id",
         "status",
     ),
+)
+# A message from the drop-in backend goes to an ESP in one request (``mail/esp.py``):
+# the mark's row takes the message's other rows with it, each as the mark would,
+# under the same claim token. A row not due, past its expires_at or not queued
+# is left to its own claim, and the request goes without it.
+MARK_COMPANIONS = Transition(
+    "mark companions",
+    source=(Status.QUEUED,),
+    guard=(COMPANIONS, DUE, UNEXPIRED),
+    sets={
+        "status": Const(Status.PROCESSING),
+        "worker_id": Param("worker"),
+        "claim_token": Param("token"),
+        "processing_started_at": _NOW,
+        "updated_at": _NOW,
+        "attempts": Column("attempts", 1),
+    },
+    returns=("id", "email_id", "recipient", "priority", "attempts", "max_attempts", "message_id"),
 )
 SENT = Transition(
     "sent",
@@ -100,6 +130,13 @@ RELEASE = Transition(
         **_UNCLAIMED,
         "updated_at": _NOW,
     },
+)
+# The companions back, unsent, when the mark's reply was lost (``RELEASE`` for each).
+RELEASE_COMPANIONS = Transition(
+    "release companions",
+    source=(Status.PROCESSING,),
+    guard=(COMPANIONS, TOKEN),
+    sets=RELEASE.sets,
 )
 # Not a change of status: where this attempt hands the row over, written
 # before SMTP's final dot while the row is still the attempt's.
@@ -193,7 +230,8 @@ EXPIRE = Transition(
 )
 
 ALL = (
-    MARK, SENT, FAILED, IN_DOUBT, DROPPED, RETRY, RELEASE, NOTE_SERVER,
+    MARK, MARK_COMPANIONS, SENT, FAILED, IN_DOUBT, DROPPED, RETRY, RELEASE,
+    RELEASE_COMPANIONS, NOTE_SERVER,
     REQUEUE, REQUEUE_NOW, REQUEUE_DEAD, REQUEUE_NOT_SENT, ABANDON, FAIL_DEAD,
     MARK_SENT, MARK_FAILED, CANCEL, EXPIRE,
 )  # fmt: skip

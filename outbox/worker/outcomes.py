@@ -45,6 +45,8 @@ from django.db import DatabaseError, transaction
 from .. import transitions
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
+from ..exceptions import DeliveryError
+from ..mail import esp
 from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
@@ -94,6 +96,10 @@ class Settlement:
     # For a success through an ESP's API: its own id of the message
     # (``mail/esp.py``), written on the attempt's row.
     esp_message_id: str = ""
+    # The outcomes of the companions sent in the same request (``mail/esp.py``):
+    # written with this one, in its transaction; each ``changed`` once written.
+    companions: list[Settlement] = field(default_factory=list)
+    changed: int = 0
 
     @property
     def delivery(self) -> Delivery:
@@ -135,6 +141,38 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
 
 
+def from_recipient_status(
+    started: Started, status: esp.RecipientStatus | None, now: datetime
+) -> Settlement:
+    """The outcome of one row of a request the ESP answered, from its recipient's status.
+
+    Accepted (or not named: the ESP took the request) is a success with the
+    ESP's id; refused for good is ``failed``, the address suppressed under
+    ``SUPPRESS_ON_REFUSAL``; anything else is retried as a transient failure.
+    """
+    if status is None or status.status in esp.ACCEPTED or status.status == "unknown":
+        note = (
+            ""
+            if status is not None and status.status in esp.ACCEPTED
+            else ("accepted by the ESP, which gave no status for this recipient")
+        )
+        return Settlement(
+            started, Outcome.SENT, note, esp_message_id=status.message_id if status else ""
+        )
+    if status.status in esp.REFUSED:
+        refused = [bare_address(started.delivery.recipient)]
+        return Settlement(
+            started,
+            Outcome.FAILED,
+            f"the ESP refused this recipient: {status.status}",
+            permanent=True,
+            refused=refused if outbox_settings.SUPPRESS_ON_REFUSAL else [],
+        )
+    return failure(
+        started, DeliveryError(f"the ESP's status for this recipient: {status.status}"), now
+    )
+
+
 # What each outcome other than a success writes (a success: ``sql.mark_sent``).
 _WRITES: dict[str, transitions.Transition] = {
     Outcome.FAILED: transitions.FAILED,
@@ -156,6 +194,8 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
     its Attempt row, and a retry or a release pushes the id back to Redis
     (forced: it is in no ready list) once the transaction commits.
     """
+    for companion in s.companions:
+        companion.changed = write_outcome(companion, now, push)
     delivery = s.delivery
     if s.outcome == Outcome.SENT:
         changed = mark_sent(delivery.pk, s.started.token, now)

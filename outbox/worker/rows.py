@@ -38,6 +38,18 @@ class ClaimColumns(NamedTuple):
     content: str | None = None  # SQLite's CLAIM_WITH_CONTENT: the email's content, JSON
 
 
+class CompanionColumns(NamedTuple):
+    """What the companions' mark returns (``MARK_COMPANIONS``'s RETURNING), by column name."""
+
+    id: int
+    email_id: int
+    recipient: str
+    priority: str
+    attempts: int
+    max_attempts: int
+    message_id: str
+
+
 class ContentColumns(NamedTuple):
     """An email's content as ``EMAIL`` returns it (and SQLite's claim, as JSON keys)."""
 
@@ -83,7 +95,7 @@ def delivery_from(
     worker_id: str,
     token: uuid.UUID,
     now: datetime,
-    row: ClaimColumns | StepColumns,
+    row: ClaimColumns | CompanionColumns | StepColumns,
     using: str,
 ) -> Delivery:
     """The claimed row as the worker needs it, from the RETURNING columns.

@@ -12,8 +12,10 @@ use, kept open while mail trickles in, closed once the thread has idled.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
+from collections.abc import Callable
 
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError
@@ -25,12 +27,14 @@ from ..mail.connection import Server
 from ..mail.handover import handover_server
 from ..mail.message import build_message
 from ..models import Attempt
+from ..validation import bare_address
+from .backoff import drop_db_connection
 from .connections import Connections
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import Settlement, Started, failure
-from .sql import note_server
+from .outcomes import Settlement, Started, failure, from_recipient_status
+from .sql import mark_companions, note_server, release_companions
 
 logger = logging.getLogger("outbox.worker")
 
@@ -94,12 +98,20 @@ class Sender:
             if refused is not None:
                 return refused
         self.sending_as = started.worker_id
+        if esp.is_anymail(backend) and esp.one_request(started.email):
+            return self.send_request(started, backend)
         try:
-            built = self.worker.emails.builds(started.email)
-            message = build_message(started.delivery, started.email, started.attachments, built)
+            over_http = esp.is_anymail(backend)
+            if over_http and started.email.structure is not None:
+                # The valve is on: the caller's message to this row's recipient alone.
+                message = esp.request_message(
+                    started.email, started.attachments, [started.delivery]
+                )
+            else:
+                built = self.worker.emails.builds(started.email)
+                message = build_message(started.delivery, started.email, started.attachments, built)
             # The staging valve's guarantee is given here, on the copy as built (mail/valve.py).
             message, note = valve.admit(message, started.delivery.recipient)
-            over_http = esp.is_anymail(backend)
             if over_http:
                 esp.identify(message, started.delivery.pk, started.token)
             fault("before_send")
@@ -122,6 +134,78 @@ class Sender:
         sent_to = ", ".join(message.recipients()) if note else ""
         esp_id = esp.esp_message_id(message) if over_http else ""
         return Settlement(started, Outcome.SENT, note, sent_to=sent_to, esp_message_id=esp_id)
+
+    def send_request(self, started: Started, backend: BaseEmailBackend) -> Settlement:
+        """Send ``started``'s message to an ESP in one request, with its companions.
+
+        The companions are marked under ``started``'s claim token right before
+        the request (``sql.mark_companions``), so that the request is the
+        rows' one hand-over: each row is then settled from its recipient's
+        status in the answer, or all alike from a failed request. The outcome
+        returned is ``started``'s, carrying the companions' (written together).
+        """
+        now = self.worker.clock.now()
+        try:
+            companions = mark_companions(started.delivery, started.worker_id, now)
+        except DatabaseError as exc:
+            return self.companions_not_marked(started, exc)
+        group = [started] + [
+            Started(
+                d,
+                started.email,
+                started.attachments,
+                started.token,
+                started.started,
+                started.worker_id,
+            )
+            for d in companions
+        ]
+        fault("after_mark_companions")
+        try:
+            message = esp.request_message(
+                started.email, started.attachments, [s.delivery for s in group]
+            )
+            esp.identify(message, started.delivery.pk, started.token)
+            fault("before_send")
+            if not self.may_hand_over():
+                raise SendFencedError("the lease ran out before the request started")
+            if backend.send_messages([message]) != 1:
+                raise DeliveryError("the email backend reported the message as not sent")
+        except SendFencedError as exc:
+            logger.warning("delivery %s: %s; releasing it", started.delivery.pk, exc)
+            why = str(exc)
+            return together(group, lambda s: Settlement(s, Outcome.RELEASED, why))
+        except Exception as exc:
+            self.gate.on_send_error(started, exc, connecting=False)
+            return together(group, functools.partial(failure, exc=exc, now=self.worker.clock.now()))
+        fault("after_send")
+        statuses = esp.recipient_statuses(message)
+        now = self.worker.clock.now()
+        return together(
+            group,
+            lambda s: from_recipient_status(
+                s, statuses.get(bare_address(s.delivery.recipient)), now
+            ),
+        )
+
+    def companions_not_marked(self, started: Started, exc: DatabaseError) -> Settlement:
+        """The companions' mark failed: nothing goes; what it may have marked goes back.
+
+        Its reply may have been lost after the commit: the rows it marked are
+        set back under the token. If that fails too, they stay ``processing``
+        for the sweeper's stuck-rows pass (abandoned under "review", though
+        never sent: the rare case a person looks at).
+        """
+        drop_db_connection()
+        why = f"could not mark the rest of its message: {type(exc).__name__}: {exc}"
+        try:
+            release_companions(started.delivery, self.worker.clock.now())
+        except DatabaseError as again:
+            drop_db_connection()
+            logger.warning(
+                "delivery %s: %s; could not undo it: %s", started.delivery.pk, why, again
+            )
+        return Settlement(started, Outcome.RELEASED, why)
 
     def note_server(self, started: Started, server: Server) -> Settlement | None:
         """Write the server on the row before the hand-over; a release if that failed.
@@ -150,3 +234,10 @@ class Sender:
     def close_mailers(self) -> None:
         """The thread stops: close the mailers' connections (its owner closes the default)."""
         self.connections.close_mailers()
+
+
+def together(group: list[Started], outcome: Callable[[Started], Settlement]) -> Settlement:
+    """The outcome of each row of one request: the first's, carrying the others'."""
+    lead, *companions = [outcome(s) for s in group]
+    lead.companions = companions
+    return lead

@@ -83,8 +83,14 @@ class Settling:
         """Nothing or a success to write: a step for the group commit."""
         return self.vendor in ("postgresql", "sqlite") and (
             s is None
-            # A note or the ESP's message id is written on an Attempt row: see outcomes.py.
-            or (s.outcome == Outcome.SENT and not s.error and not s.esp_message_id)
+            # A note or the ESP's message id is written on an Attempt row, and
+            # companions with their own outcomes: see outcomes.py.
+            or (
+                s.outcome == Outcome.SENT
+                and not s.error
+                and not s.esp_message_id
+                and not s.companions
+            )
         )
 
     def group_step(
@@ -164,6 +170,8 @@ class Settling:
 
     def settled(self, s: Settlement, changed: int) -> None:
         announce(s, changed, self.worker.stats, self.worker.worker_id)
+        for companion in s.companions:  # not claimed from Redis: nothing to ack
+            announce(companion, companion.changed, self.worker.stats, self.worker.worker_id)
         self.ack(s.delivery.pk)
         if self.settlement is s:  # not a parked one
             self.settlement = None
@@ -254,10 +262,19 @@ def log_unsettled(s: Settlement, exc: BaseException) -> None:
 def settle_refused(s: Settlement, now: datetime) -> int:
     """Settle ``s``'s row after its outcome's write was refused for good; returns rows changed.
 
-    What is tried, in order, is the module docstring's. Once written,
+    What is tried, in order, is the module docstring's, for each row of the
+    outcome (its companions too, in one transaction). Once written,
     ``s.outcome`` and ``s.error`` say what was. Raises ``DatabaseError``
     (refused for good again, or the connection's); nothing was written then.
     """
+    with transaction.atomic(using=outbox_alias()):
+        for companion in s.companions:
+            companion.refusal = s.refusal
+            companion.changed = _settle_refused_row(companion, now)
+        return _settle_refused_row(s, now)
+
+
+def _settle_refused_row(s: Settlement, now: datetime) -> int:
     delivery, token = s.delivery, s.started.token
     why = f"the database refused to record the outcome ({s.outcome}) for good: {s.refusal}"
     with transaction.atomic(using=outbox_alias()):

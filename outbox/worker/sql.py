@@ -34,6 +34,7 @@ from ..transitions import named
 from .rows import (
     ClaimColumns,
     ClaimedRow,
+    CompanionColumns,
     ContentColumns,
     StepColumns,
     delivery_from,
@@ -272,6 +273,57 @@ def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
     with db.cursor() as cursor:
         cursor.execute(_sent(db.vendor), _params(db, now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
+
+
+def mark_companions(lead: Delivery, worker_id: str, now: datetime) -> list[Delivery]:
+    """Mark the other rows of ``lead``'s message under its claim token; returns them in id order.
+
+    :data:`outbox.transitions.MARK_COMPANIONS`, one statement: each row as
+    the mark would mark it (due, not expired, ``queued``), so a row another
+    worker holds, or that is settled, is not among them.
+    """
+    db = _db()
+    token = lead.claim_token
+    assert token is not None  # the lead is marked
+    with db.cursor() as cursor:
+        cursor.execute(
+            _companions(db.vendor),
+            {
+                **_params(db, now, worker=worker_id, token=token),
+                "email": lead.email_id,
+                "id": lead.pk,
+            },
+        )
+        found = rows_by_name.all(CompanionColumns, cursor, cursor.fetchall())
+    return sorted(
+        (delivery_from(row.id, worker_id, token, now, row, db.alias) for row in found),
+        key=lambda delivery: delivery.pk,
+    )
+
+
+def release_companions(lead: Delivery, now: datetime) -> int:
+    """Set the companions of ``lead`` back to ``queued`` unsent (``RELEASE_COMPANIONS``).
+
+    For a companions' mark whose reply was lost: whatever it marked under the
+    lead's token goes back, due at once, the attempt not counted.
+    """
+    db = _db()
+    with db.cursor() as cursor:
+        cursor.execute(
+            transitions.RELEASE_COMPANIONS.sql(db.vendor),
+            {
+                **_params(db, now, token=lead.claim_token),
+                "email": lead.email_id,
+                "id": lead.pk,
+                "not_before": db.ops.adapt_datetimefield_value(now),
+            },
+        )
+        return int(cursor.rowcount)
+
+
+@functools.cache
+def _companions(vendor: str) -> str:
+    return transitions.MARK_COMPANIONS.sql(vendor)
 
 
 def unclaim(pk: int, token: uuid.UUID, now: datetime, not_before: datetime | None = None) -> int:
