@@ -143,6 +143,26 @@ def test_each_row_settles_from_its_own_recipients_status(esp, settings):
     assert len(esp.accepted_for("ann@example.com")) == 1
 
 
+def test_a_request_refused_for_one_recipient_is_retried_for_the_others(esp):
+    """Postmark's 422 for an invalid To: "Email not sent"; anymail leaves the Cc unknown."""
+    esp.plan["bad@example.com"] = ["422"]
+    message = EmailMessage(
+        "Hi", "Body", "from@example.com", ["bad@example.com"], cc=["cy@example.com"]
+    )
+    assert message.send() == 1
+    deliver()
+    found = rows()
+    assert found["bad@example.com"].status == Status.FAILED
+    cy = found["cy@example.com"]
+    assert (cy.status, cy.attempts) == (Status.QUEUED, 1)
+    assert "refused the request for another recipient" in cy.last_error
+    wait_until(lambda: timezone.now() >= cy.not_before, timeout=30)
+    deliver()
+    assert esp.bodies[-1].get("To") is None and esp.bodies[-1]["Cc"] == "cy@example.com"
+    assert rows()["cy@example.com"].status == Status.SENT
+    assert not esp.accepted_for("bad@example.com")
+
+
 def test_a_failed_request_settles_every_row_alike(esp):
     esp.plan["ann@example.com"] = ["500"]
     message = EmailMessage("Hi", "Body", "from@example.com", ["ann@example.com", "bob@example.com"])

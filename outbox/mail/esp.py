@@ -19,7 +19,7 @@ Bcc lists as written, with no header the caller did not write (the identity
 rides in metadata). All its rows the worker could mark go in that one request
 (the claimed row and its *companions*, ``transitions.MARK_COMPANIONS``), and
 each row is settled from its recipient's status in anymail's answer
-(:func:`recipient_statuses`). With the staging valve on, or for an
+(:func:`answer_of`). With the staging valve on, or for an
 ``enqueue_email`` row, each row is still its own request, to its recipient
 alone (:func:`one_request`).
 
@@ -45,13 +45,14 @@ __all__ = [
     "DELIVERY_KEY",
     "REFUSED",
     "TOKEN_KEY",
+    "Answer",
     "RecipientStatus",
+    "answer_of",
     "esp_message_id",
     "identify",
     "identity_of",
     "is_anymail",
     "one_request",
-    "recipient_statuses",
     "request_message",
 ]
 
@@ -62,8 +63,10 @@ TOKEN_KEY = "outbox_token"
 # the ESP has the message for these recipients ...
 ACCEPTED = frozenset({"sent", "queued", "scheduled"})
 # ... and refused these for good (an inactive or invalid address). Any other
-# status ("failed") is retried; a recipient the answer does not name
-# ("unknown", or absent) is taken as accepted: the ESP took the request.
+# status ("failed") is retried. A recipient the answer does not name ("unknown",
+# or absent) shares the request's fate: sent when the ESP answered with success,
+# retried when it refused the request for another recipient's sake (Postmark's
+# 422 for one invalid address: "Email not sent", the others left unknown).
 REFUSED = frozenset({"rejected", "invalid"})
 
 
@@ -72,6 +75,18 @@ class RecipientStatus(NamedTuple):
 
     status: str
     message_id: str
+
+
+class Answer(NamedTuple):
+    """anymail's answer to one request: each recipient's status, and whether the ESP took it."""
+
+    statuses: dict[str, RecipientStatus]
+    taken: bool  # the HTTP answer was a success (or carried no status code)
+
+    def of(self, recipient: str) -> RecipientStatus | None:
+        """The status of ``recipient`` (as a row writes it), or None if not named."""
+        found = self.statuses.get(bare_address(recipient))
+        return None if found is None or found.status == "unknown" else found
 
 
 def is_anymail(backend: object) -> bool:
@@ -136,11 +151,12 @@ def request_message(
     return rebuild(email, attachments, to=to, cc=cc, bcc=bcc)
 
 
-def recipient_statuses(message: EmailMessage) -> dict[str, RecipientStatus]:
-    """anymail's per-recipient answer to a sent ``message``, by bare address.
+def answer_of(message: EmailMessage) -> Answer:
+    """anymail's answer to a sent ``message``: its ``anymail_status``, by bare address.
 
-    Empty when the backend gave none. Addresses are compared in
-    :func:`outbox.validation.bare_address` form, the rows' own.
+    Addresses are compared in :func:`outbox.validation.bare_address` form,
+    the rows' own. ``esp_response`` is anymail's documented raw response (a
+    ``requests`` response for the HTTP backends).
     """
     status = getattr(message, "anymail_status", None)
     recipients = getattr(status, "recipients", None) or {}
@@ -151,4 +167,5 @@ def recipient_statuses(message: EmailMessage) -> dict[str, RecipientStatus]:
             str(getattr(recipient, "status", None) or "unknown"),
             str(value)[:255] if value else "",
         )
-    return found
+    code = getattr(getattr(status, "esp_response", None), "status_code", None)
+    return Answer(found, not isinstance(code, int) or code < 400)

@@ -141,20 +141,21 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
 
 
-def from_recipient_status(
-    started: Started, status: esp.RecipientStatus | None, now: datetime
-) -> Settlement:
+def from_answer(started: Started, answer: esp.Answer, now: datetime) -> Settlement:
     """The outcome of one row of a request the ESP answered, from its recipient's status.
 
-    Accepted (or not named: the ESP took the request) is a success with the
-    ESP's id; refused for good is ``failed``, the address suppressed under
-    ``SUPPRESS_ON_REFUSAL``; anything else is retried as a transient failure.
+    Accepted is a success with the ESP's id; refused for good is ``failed``,
+    the address suppressed under ``SUPPRESS_ON_REFUSAL``; not named, the
+    request's fate (``mail/esp.py``, ``REFUSED``); anything else is retried
+    as a transient failure.
     """
-    if status is None or status.status in esp.ACCEPTED or status.status == "unknown":
+    status = answer.of(started.delivery.recipient)
+    if status is None and not answer.taken:
+        why = "the ESP refused the request for another recipient; not sent to this one"
+        return failure(started, DeliveryError(why), now)
+    if status is None or status.status in esp.ACCEPTED:
         note = (
-            ""
-            if status is not None and status.status in esp.ACCEPTED
-            else ("accepted by the ESP, which gave no status for this recipient")
+            "" if status is not None else "accepted by the ESP, with no status for this recipient"
         )
         return Settlement(
             started, Outcome.SENT, note, esp_message_id=status.message_id if status else ""
@@ -168,9 +169,8 @@ def from_recipient_status(
             permanent=True,
             refused=refused if outbox_settings.SUPPRESS_ON_REFUSAL else [],
         )
-    return failure(
-        started, DeliveryError(f"the ESP's status for this recipient: {status.status}"), now
-    )
+    why = f"the ESP's status for this recipient: {status.status}"
+    return failure(started, DeliveryError(why), now)
 
 
 # What each outcome other than a success writes (a success: ``sql.mark_sent``).

@@ -27,13 +27,12 @@ from ..mail.connection import Server
 from ..mail.handover import handover_server
 from ..mail.message import build_message
 from ..models import Attempt
-from ..validation import bare_address
 from .backoff import drop_db_connection
 from .connections import Connections
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import Settlement, Started, failure, from_recipient_status
+from .outcomes import Settlement, Started, failure, from_answer
 from .sql import mark_companions, note_server, release_companions
 
 logger = logging.getLogger("outbox.worker")
@@ -179,13 +178,9 @@ class Sender:
             self.gate.on_send_error(started, exc, connecting=False)
             return together(group, functools.partial(failure, exc=exc, now=self.worker.clock.now()))
         fault("after_send")
-        statuses = esp.recipient_statuses(message)
-        now = self.worker.clock.now()
+        answer = esp.answer_of(message)
         return together(
-            group,
-            lambda s: from_recipient_status(
-                s, statuses.get(bare_address(s.delivery.recipient)), now
-            ),
+            group, functools.partial(from_answer, answer=answer, now=self.worker.clock.now())
         )
 
     def companions_not_marked(self, started: Started, exc: DatabaseError) -> Settlement:

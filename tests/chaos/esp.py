@@ -7,7 +7,10 @@ and reset, accepted and lost by a gateway (502), 429 and 503 with
 ``ABANDONED_POLICY = "review"`` every copy the ESP took whose row is in doubt
 (and one in ten of the others) gets its webhook events (Delivery and Open), posted to anymail's real Postmark tracking view
 once the worker has settled the row (late), shuffled (out of order) and each
-twice. Then every email is counted:
+twice. One row in ten of three is part of a drop-in message (``OutboxBackend``:
+To, Cc and Bcc, one request for its rows, each settled from its recipient's
+status); an accepted copy is matched to its row by the request's metadata and
+its recipient. Then every delivery is counted:
 
 - lost: a row not final (``sent`` or ``failed``) at the end; a ``sent`` row
   the ESP never took; a ``failed`` row that was not refused;
@@ -34,9 +37,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from subprocess import Popen
 
+from django.core.mail import EmailMessage
 from django.test import Client
 
 from outbox import enqueue_many
+from outbox.backends import OutboxBackend
 from outbox.models import Attempt, Delivery
 from tests.esp import POSTMARK_BACKEND, Accepted, FakeESP, basic_auth, postmark_event
 
@@ -113,7 +118,7 @@ class Poster(threading.Thread):
         super().__init__(daemon=True)
         self.esp = esp
         self.random = random.Random(seed)
-        self.done: set[str] = set()
+        self.done: set[tuple[str, str]] = set()  # (ESP id, recipient) of copies posted about
         self.stop = threading.Event()
         self.posted = 0
         self.errors = 0
@@ -131,8 +136,8 @@ class Poster(threading.Thread):
     def round(self) -> bool:
         """Post the events of copies whose rows are settled; True if it posted any."""
         with self.esp.lock:
-            waiting = [a for a in self.esp.accepted if a.esp_id not in self.done]
-        ids = {int(a.metadata["outbox_delivery"]): a for a in waiting}
+            waiting = [a for a in self.esp.accepted if (a.esp_id, a.to) not in self.done]
+        ids = {row_of(a): a for a in waiting}
         settled = set(
             Delivery.objects.filter(pk__in=ids)
             .exclude(status__in=[Status.QUEUED, Status.PROCESSING])
@@ -146,7 +151,7 @@ class Poster(threading.Thread):
         events: list[tuple[Accepted, str]] = []
         for pk in settled:
             taken = ids[pk]
-            self.done.add(taken.esp_id)
+            self.done.add((taken.esp_id, taken.to))
             # Every row in doubt gets its events; of the others, one in ten (the
             # evidence path), to keep the run's posts few.
             if pk in doubted or self.random.random() < 0.1:
@@ -194,6 +199,7 @@ def run_esp_chaos(
             "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
             "OUTBOX_TEST_ABANDONED_POLICY": "review",
         }
+        grouped = emails // 10  # messages of three rows: a third of the rows
         enqueue_many(
             [
                 {
@@ -201,7 +207,20 @@ def run_esp_chaos(
                     "message": "Hello",
                     "recipient_list": [f"r{n}@example.com"],
                 }
-                for n in range(emails)
+                for n in range(emails - 3 * grouped)
+            ]
+        )
+        OutboxBackend().send_messages(
+            [
+                EmailMessage(
+                    f"chaos message {n}",
+                    "Hello all",
+                    "from@example.com",
+                    [f"m{n}-to@example.com"],
+                    cc=[f"m{n}-cc@example.com"],
+                    bcc=[f"m{n}-bcc@example.com"],
+                )
+                for n in range(grouped)
             ]
         )
         Delivery.objects.update(max_attempts=50)  # 429s and 5xx must not exhaust a row
@@ -226,14 +245,24 @@ def run_esp_chaos(
 
 def _unposted(esp: FakeESP, poster: Poster) -> bool:
     with esp.lock:
-        return any(a.esp_id not in poster.done for a in esp.accepted)
+        return any((a.esp_id, a.to) not in poster.done for a in esp.accepted)
+
+
+def row_of(taken: Accepted) -> int:
+    """The row a copy the ESP took was for: the request's first row, or its companion."""
+    lead = Delivery.objects.only("email_id", "recipient").get(
+        pk=int(taken.metadata["outbox_delivery"])
+    )
+    if lead.recipient.lower() == taken.to.lower():
+        return lead.pk
+    return Delivery.objects.get(email_id=lead.email_id, recipient__iexact=taken.to).pk
 
 
 def _count(numbers: Numbers, esp: FakeESP, poster: Poster) -> None:
     numbers.answers = Counter(action for _r, action in esp.requests)
     numbers.accepted = len(esp.accepted)
     numbers.webhooks_posted, numbers.webhook_errors = poster.posted, poster.errors
-    taken = Counter(int(a.metadata["outbox_delivery"]) for a in esp.accepted)
+    taken = Counter(row_of(a) for a in esp.accepted)
     numbers.sent_twice = sorted(pk for pk, n in taken.items() if n > 1)
     refused = set(
         Attempt.objects.filter(outcome=Outcome.FAILED).values_list("delivery_id", flat=True)
