@@ -10,6 +10,7 @@ and rows that become ``queued`` are pushed to Redis after the commit.
 
 from __future__ import annotations
 
+import uuid
 from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import connections, transaction
-from django.db.models import Q
+from django.db.models import F, Q
 from django.utils import timezone
 
 from . import signals, transitions
@@ -256,6 +257,40 @@ def mark_sent(ids: Iterable[int], actor: str, evidence: str = "") -> TransitionR
     attempt log's row of the decision.
     """
     return transition(ids, transitions.MARK_SENT, actor=actor, error=evidence)
+
+
+# The actor of an ESP's tracking event (``contrib/anymail.py``): ``esp:<its name>``.
+ESP_ACTOR = "esp:"
+
+
+def esp_evidence(delivery_id: int, token: uuid.UUID) -> Attempt | None:
+    """An ESP's event kept for the attempt under ``token``, if one came.
+
+    The ESP's word that it has the message (``contrib/anymail.py``): whoever
+    decides that attempt's outcome settles it ``sent`` from this, never a
+    retry (``worker/outcomes.py``, ``sweeper/sweep.py``).
+    """
+    return (
+        Attempt.objects.filter(
+            delivery_id=delivery_id, claim_token=token, actor__startswith=ESP_ACTOR
+        )
+        .order_by("pk")
+        .first()
+    )
+
+
+def evidenced(ids: Iterable[int]) -> list[int]:
+    """Those of ``ids`` still ``processing`` whose current attempt has an ESP's event."""
+    return list(
+        Delivery.objects.filter(
+            pk__in=list(ids),
+            status=Status.PROCESSING,
+            attempt_log__claim_token=F("claim_token"),
+            attempt_log__actor__startswith=ESP_ACTOR,
+        )
+        .values_list("pk", flat=True)
+        .distinct()
+    )
 
 
 def mark_failed(ids: Iterable[int], actor: str) -> TransitionResult:

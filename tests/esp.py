@@ -15,6 +15,10 @@ or, when set, by :attr:`FakeESP.choose` (the chaos run's dice):
 ``422``      Postmark's refusal of the recipient (``ErrorCode`` 300); Mailgun's 400
 ``500``, ``502``, ``503``  that status (503 with ``Retry-After``)
 ``gateway``  accepted, then a gateway's 502 instead of the ESP's answer
+``early500`` Postmark: accepted, its Delivery webhook posted to
+             :attr:`FakeESP.webhook_url` (and answered) first, then a 500
+``earlyslow`` the same, then the answer comes after the client's timeout
+``earlyok``  the same, then the usual success answer
 ``inactive`` Postmark: the request is accepted, but not for this recipient
              (Postmark's "inactive addresses" answer); anymail says ``rejected``
 
@@ -39,6 +43,8 @@ import socket
 import struct
 import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -77,6 +83,11 @@ class FakeESP:
         self.accepted: list[Accepted] = []
         self.requests: list[tuple[str, str]] = []  # (recipient, action)
         self.bodies: list[dict[str, Any]] = []  # every request's body, parsed (Postmark)
+        # Where the "early" actions post their webhooks (a real server's anymail
+        # view), and the HTTP status of each post.
+        self.webhook_url = ""
+        self.early_hook: Callable[[Accepted], int] | None = None
+        self.webhook_statuses: list[int] = []
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -121,6 +132,30 @@ class FakeESP:
         with self.lock:
             self.accepted.append(taken)
         return taken
+
+    def post_event(self, taken: Accepted) -> None:
+        """Post Postmark's Delivery webhook about ``taken`` to :attr:`webhook_url`, and wait.
+
+        Without a URL, :attr:`early_hook` posts it (the chaos run's, through
+        Django's test client in this process).
+        """
+        if not self.webhook_url and self.early_hook is not None:
+            status = self.early_hook(taken)
+            with self.lock:
+                self.webhook_statuses.append(status)
+            return
+        request = urllib.request.Request(
+            self.webhook_url,
+            data=json.dumps(postmark_event(taken)).encode(),
+            headers={"Content-Type": "application/json", "Authorization": basic_auth()},
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status = response.status
+        except urllib.error.HTTPError as exc:
+            status = exc.code
+        with self.lock:
+            self.webhook_statuses.append(status)
 
     def inactive(self, recipient: str) -> bool:
         """Whether ``recipient``'s next planned action is ``inactive`` (then taken)."""
@@ -177,16 +212,24 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
             if first_inactive:
                 refused.insert(0, first.lower())
             esp_id = str(uuid.uuid4())
-            for recipient in recipients:
-                if recipient.lower() not in refused:
-                    esp.accept(
-                        "Postmark",
-                        recipient,
-                        data.get("Metadata", {}),
-                        headers.get("message-id", ""),
-                        esp_id=esp_id,
-                        request=data,
-                    )
+            taken = [
+                esp.accept(
+                    "Postmark",
+                    recipient,
+                    data.get("Metadata", {}),
+                    headers.get("message-id", ""),
+                    esp_id=esp_id,
+                    request=data,
+                )
+                for recipient in recipients
+                if recipient.lower() not in refused
+            ]
+            if action.startswith("early"):
+                for copy in taken:  # the ESP's word before its answer
+                    esp.post_event(copy)
+                if action == "early500":
+                    return self.answer(500, {"ErrorCode": 701, "Message": "fake failure"})
+                action = "slow" if action == "earlyslow" else "ok"
             message = "OK"
             if refused:
                 message = (

@@ -18,14 +18,21 @@ the ESP's own message id recorded on an attempt, or the RFC Message-ID. Then:
   also puts the recipient on the suppression list (source ``refusal``). The
   status is not changed otherwise: the ESP did accept the message;
 - any other event about a ``sent`` row adds its evidence (outcome
-  ``reported``), once per event type.
+  ``reported``), once per event type;
+- an event that names, by metadata, an attempt whose outcome is not settled
+  (the row still ``processing``: the ESP's word came before its answer, or
+  instead of it) is written at once as that attempt's evidence (``reported``,
+  under the attempt's claim token); whoever then decides the attempt's
+  outcome (the worker: in doubt, a lost answer, a 5xx after the ESP took
+  it; the sweeper: a worker that died) settles it ``sent`` from it, never a
+  retry. An event about an older attempt is evidence about that one only.
 
 An event that arrives twice, late, or about a message the outbox did not send
 changes nothing: the settling write is conditional, and evidence already
 written is not written again. Events about a row in another state (queued,
-processing, failed) change nothing either; one naming its exact attempt by
-metadata is logged as a WARNING, since the ESP has a message the outbox does
-not count as sent. Inbound and unknown events are ignored.
+failed) change nothing either; one naming an attempt by metadata is kept and
+logged as a WARNING, since the ESP has a message the outbox does not count
+as sent. Inbound and unknown events are ignored.
 """
 
 from __future__ import annotations
@@ -78,8 +85,13 @@ def record_event(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
     delivery, exact = find_delivery(event)
     if delivery is None:
         return
-    actor = f"esp:{esp_name}"
+    actor = f"{operations.ESP_ACTOR}{esp_name}"
     evidence = _describe(event, esp_name)
+    if exact and delivery.status not in (Status.ABANDONED, Status.SENT):
+        identity = identity_of(getattr(event, "metadata", None))
+        assert identity is not None  # exact: named by its metadata
+        if _keep_for_the_attempt(delivery, identity[1], event, event_type, actor, evidence):
+            return
     settled = False
     if delivery.status == Status.ABANDONED:
         settled = bool(operations.mark_sent([delivery.pk], actor, evidence=evidence).changed)
@@ -91,14 +103,6 @@ def record_event(sender: Any, event: Any, esp_name: str, **kwargs: Any) -> None:
                 event_type,
             )
         delivery.refresh_from_db()
-    elif delivery.status != Status.SENT and exact:
-        logger.warning(
-            "delivery %s is %s, but %s reported %s for its attempt: the ESP has the message",
-            delivery.pk,
-            delivery.status,
-            esp_name,
-            event_type,
-        )
     outcome = RECORDED.get(event_type)
     if outcome is None and (settled or delivery.status != Status.SENT):
         return  # the settling decision is the evidence; other rows: nothing to add
@@ -131,6 +135,37 @@ def find_delivery(event: Any) -> tuple[Delivery | None, bool]:
     return Delivery.objects.filter(message_id__in=[f"<{bare}>", bare]).first(), False
 
 
+def _keep_for_the_attempt(
+    delivery: Delivery, token: Any, event: Any, event_type: str, actor: str, evidence: str
+) -> bool:
+    """Keep an event naming an attempt whose outcome is not written yet (or was written without it).
+
+    The ESP's word that it has the message usually comes within seconds,
+    while the request's answer may still be awaited (or lost, or a 5xx after
+    the ESP took it): the event is written at once as the attempt's evidence
+    (an Attempt row under the attempt's claim token), and the worker or the
+    sweeper that decides the attempt's outcome settles it ``sent`` from it
+    (``worker/outcomes.py``, ``evidence_for``; ``sweeper/sweep.py``). The row
+    is locked first, so that the decision sees the evidence or happened before
+    it; one decided meanwhile (in doubt) is settled here. Returns False when
+    the row left the attempt's hands (the caller goes on as before).
+    """
+    with transaction.atomic(using=outbox_alias()):
+        row = Delivery.objects.select_for_update().filter(pk=delivery.pk).first()
+        if row is None or row.status in (Status.ABANDONED, Status.SENT):
+            return False
+        logger.warning(
+            "delivery %s is %s, and %s reported %s for its attempt: the ESP has the message; "
+            "kept as the attempt's evidence",
+            row.pk,
+            row.status,
+            actor.removeprefix(operations.ESP_ACTOR),
+            event_type,
+        )
+        _write_evidence(row, event, event_type, Outcome.REPORTED, actor, evidence, token=token)
+    return True
+
+
 def _recipients_row(delivery: Delivery, ours: Q, event: Any) -> Delivery:
     """The row of the event's recipient among those sent in ``delivery``'s request.
 
@@ -152,10 +187,22 @@ def _recipients_row(delivery: Delivery, ours: Q, event: Any) -> Delivery:
 
 
 def _write_evidence(
-    delivery: Delivery, event: Any, event_type: str, outcome: str, actor: str, evidence: str
+    delivery: Delivery,
+    event: Any,
+    event_type: str,
+    outcome: str,
+    actor: str,
+    evidence: str,
+    token: Any = None,
 ) -> None:
-    """One Attempt row for the event (not again for the same one), and its suppression."""
+    """One Attempt row for the event (not again for the same one), and its suppression.
+
+    ``token``: the claim token of the attempt the event named, when its
+    outcome is not settled yet: the row is then that attempt's evidence.
+    """
     written = Attempt.objects.filter(delivery=delivery, actor=actor[:255])
+    if token is not None:
+        written = written.filter(claim_token=token)
     if outcome == Outcome.REPORTED:
         # Once per event type (opens and clicks come many times); an event that
         # settled the row is its evidence already.
@@ -177,6 +224,7 @@ def _write_evidence(
             outcome=outcome,
             error=evidence,
             actor=actor[:255],
+            claim_token=token,
             esp_message_id=str(getattr(event, "message_id", None) or "")[:255],
         )
         if event_type in SUPPRESSING:

@@ -79,6 +79,7 @@ class SweepReport:
     reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
     reconciled_requeued: int = 0  # ... and requeued as never sent
     expired: int = 0  # queued rows past their expires_at, cancelled
+    sent_by_esp: int = 0  # left mid-send, but the ESP's event for the attempt had come
     full_mirror_check: bool = False
     lock_held_elsewhere: bool = False
     # Why the pass could not be done (or finished): "redis", "database" (it
@@ -104,6 +105,8 @@ class SweepReport:
             )
         if self.expired:
             text += f", expired {self.expired}"
+        if self.sent_by_esp:
+            text += f", sent by the ESP's word {self.sent_by_esp}"
         text += f" ({'full' if self.full_mirror_check else 'incremental'} mirror check, "
         text += f"{self.seconds:.2f}s)"
         if self.errors:
@@ -273,6 +276,9 @@ class Sweeper:
     ) -> None:
         who = f"worker {worker_id}" if worker_id else "its worker"
         now = from_timestamp(self.queue.time())
+        ids = self._settle_from_evidence(ids, condition, report, who, now)
+        if not ids:
+            return
         if self.policy == "requeue":
             result = operations.transition(
                 ids,
@@ -311,6 +317,38 @@ class Sweeper:
                     len(result.changed),
                     result.changed[:20],
                 )
+
+    def _settle_from_evidence(
+        self, ids: list[int], condition: Q, report: SweepReport, who: str, now: Any
+    ) -> list[int]:
+        """Settle ``sent`` the rows whose attempt the ESP reported before ``who`` went away.
+
+        Whatever the policy: the ESP has the message (``contrib/anymail.py``
+        kept its event as the attempt's evidence), so it is never sent again.
+        The row goes through ``abandoned`` (the operator's transitions, each
+        in the attempt log). Returns the others.
+        """
+        settled = operations.evidenced(ids)
+        if not settled:
+            return ids
+        operations.transition(
+            settled,
+            transitions.ABANDON,
+            actor=ACTOR,
+            now=now,
+            error=f"{who} went away mid-send; its ESP had reported the message",
+            condition=condition,
+        )
+        result = operations.mark_sent(
+            settled, ACTOR, evidence="the ESP reported this attempt's message (its event above)"
+        )
+        report.sent_by_esp += len(result.changed)
+        logger.info(
+            "marked %d deliveries sent from their ESP's events: %s",
+            len(result.changed),
+            result.changed[:20],
+        )
+        return [pk for pk in ids if pk not in set(settled)]
 
     # -- settlement by the reconcilers ------------------------------------------
 

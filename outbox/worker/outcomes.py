@@ -50,6 +50,7 @@ from ..mail import esp
 from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
+from ..operations import esp_evidence
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
 from .sql import mark_sent
@@ -196,6 +197,8 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
     """
     for companion in s.companions:
         companion.changed = write_outcome(companion, now, push)
+    if s.outcome in _OVERRIDDEN and not s.permanent:
+        settle_from_evidence(s)
     delivery = s.delivery
     if s.outcome == Outcome.SENT:
         changed = mark_sent(delivery.pk, s.started.token, now)
@@ -222,6 +225,34 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
         transaction.on_commit(lambda: push([entry]), using=outbox_alias())
     return changed
+
+
+# Outcomes an ESP's event for the attempt overrides: the ESP has the message.
+_OVERRIDDEN = frozenset({Outcome.RETRY, Outcome.AMBIGUOUS, Outcome.FAILED})
+
+
+def settle_from_evidence(s: Settlement) -> None:
+    """Make ``s`` a success if the ESP's event for its attempt came first.
+
+    An ESP posts its event within seconds, maybe before its answer (which may
+    then be lost, or a 5xx): ``contrib/anymail.py`` keeps it as the attempt's
+    evidence, and a retry would send the message twice. The row is locked
+    first (PostgreSQL; SQLite has one writer), and the event's side locks it
+    too before it writes: either the evidence is seen here, or the event finds
+    the outcome written and settles an in-doubt row itself.
+    """
+    pk = s.delivery.pk
+    Delivery.objects.select_for_update().filter(pk=pk).values_list("pk", flat=True).first()
+    found = esp_evidence(pk, s.started.token)
+    if found is None:
+        return
+    why = f"{s.outcome} ({s.error})" if s.error else s.outcome
+    s.error = storable(
+        f"sent: the ESP's event for this attempt came first ({found.error}); "
+        f"the attempt was to end {why}"[:2000]
+    )
+    s.outcome, s.permanent, s.refused, s.retry_at = Outcome.SENT, False, [], None
+    s.esp_message_id = s.esp_message_id or found.esp_message_id
 
 
 def suppress_refused(s: Settlement) -> None:

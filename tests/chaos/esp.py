@@ -3,7 +3,9 @@
 ``tests/esp.py``'s server plays Postmark. Each request gets a random answer:
 accepted (most), accepted and answered after the client's timeout, accepted
 and reset, accepted and lost by a gateway (502), 429 and 503 with
-``Retry-After``, 500, and a few refusals of the recipient (422). Under
+``Retry-After``, 500, a few refusals of the recipient (422), and the ESP's
+Delivery webhook posted before its answer, which is then a 500 or lost (the
+ESP's word kept as the attempt's evidence settles it ``sent``). Under
 ``ABANDONED_POLICY = "review"`` every copy the ESP took whose row is in doubt
 (and one in ten of the others) gets its webhook events (Delivery and Open), posted to anymail's real Postmark tracking view
 once the worker has settled the row (late), shuffled (out of order) and each
@@ -58,6 +60,9 @@ ANSWERS = {
     "503": 2,
     "500": 5,
     "422": 2,
+    # The ESP's Delivery webhook comes before its answer, which is then a 500 or lost.
+    "early500": 3,
+    "earlyslow": 3,
 }
 TIMEOUT = 0.5  # anymail's REQUESTS_TIMEOUT in the workers
 
@@ -78,6 +83,8 @@ class Numbers:
     in_doubt_unsettled: list[int] = field(default_factory=list)
     webhooks_posted: int = 0
     webhook_errors: int = 0
+    early_events: int = 0
+    sent_by_early_event: int = 0
 
     def broken(self) -> list[str]:
         rules = []
@@ -107,6 +114,8 @@ class Numbers:
             ("settled sent by their webhook", self.settled_by_webhook),
             ("webhook posts (late, shuffled, each twice)", self.webhooks_posted),
             ("webhook posts refused", self.webhook_errors),
+            ("webhooks before the answer", self.early_events),
+            ("settled sent by such an early webhook", self.sent_by_early_event),
         ]
         return "\n".join(f"{name:<45} {value}" for name, value in rows)
 
@@ -189,6 +198,7 @@ def run_esp_chaos(
     chances = {**ANSWERS, **(answers or {})}
     answers_, weights = list(chances), list(chances.values())
     esp.choose = lambda _recipient: dice.choices(answers_, weights)[0]
+    esp.early_hook = _post_early
     numbers = Numbers(emails=emails)
     poster = Poster(esp, seed)
     started = time.monotonic()
@@ -243,6 +253,25 @@ def run_esp_chaos(
     return numbers
 
 
+def _post_early(taken: Accepted) -> int:
+    """The ESP's Delivery webhook about ``taken``, posted before its answer (in its thread)."""
+    try:
+        return (
+            Client()
+            .post(
+                "/anymail/postmark/tracking/",
+                data=json.dumps(postmark_event(taken)),
+                content_type="application/json",
+                HTTP_AUTHORIZATION=basic_auth(),
+            )
+            .status_code
+        )
+    finally:
+        from django.db import connections
+
+        connections.close_all()
+
+
 def _unposted(esp: FakeESP, poster: Poster) -> bool:
     with esp.lock:
         return any((a.esp_id, a.to) not in poster.done for a in esp.accepted)
@@ -262,6 +291,11 @@ def _count(numbers: Numbers, esp: FakeESP, poster: Poster) -> None:
     numbers.answers = Counter(action for _r, action in esp.requests)
     numbers.accepted = len(esp.accepted)
     numbers.webhooks_posted, numbers.webhook_errors = poster.posted, poster.errors
+    numbers.early_events = len(esp.webhook_statuses)
+    numbers.webhook_errors += sum(status != 200 for status in esp.webhook_statuses)
+    numbers.sent_by_early_event = Attempt.objects.filter(
+        outcome=Outcome.SENT, error__contains="the ESP's event for this attempt came first"
+    ).count()
     taken = Counter(row_of(a) for a in esp.accepted)
     numbers.sent_twice = sorted(pk for pk, n in taken.items() if n > 1)
     refused = set(

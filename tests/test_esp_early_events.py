@@ -1,0 +1,180 @@
+"""An ESP's word is kept, whenever it comes (issue 41, items 1 and 2).
+
+The fake ESP (``tests/esp.py``) takes the message and posts its Delivery
+webhook, naming the attempt by metadata, to anymail's real tracking view served
+by a real ``runserver`` process, *before* it answers: then the answer is lost
+(a timeout), or is a 500, or the worker is killed before it writes the outcome.
+The worker and the sweeper are real processes. Before the fix the event was
+only logged: the row ended ``abandoned`` (in doubt) or was retried and reached
+the ESP twice.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.core.mail import EmailMessage
+from django.utils import timezone
+
+from outbox import enqueue_email
+from outbox.models import Attempt, Delivery
+from outbox.sweeper import Sweeper
+from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
+from tests.conftest import ROOT
+from tests.delivery import use_outbox
+from tests.esp import POSTMARK_BACKEND, FakeESP, anymail_settings
+from tests.processes import process_state
+from tests.servers import free_port, subprocess_env, wait_until
+
+pytestmark = slow_processes(
+    EACH_DJANGO_AND_DATABASE,
+    why="a fake ESP, a runserver for its webhooks, worker processes; one cell per Django and database",
+)
+
+Status = Delivery.Status
+Outcome = Attempt.Outcome
+TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT in the worker; the fake's "slow" answers after 2 s
+
+
+@pytest.fixture(scope="module")
+def esp() -> Iterator[FakeESP]:
+    server = FakeESP().start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def webhooks(esp: FakeESP, tmp_path: Path, transactional_db) -> Iterator[None]:
+    """anymail's tracking view in a real ``runserver`` process, where the fake ESP posts."""
+    port = free_port()
+    log = tmp_path / "runserver.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=ROOT,
+            env=subprocess_env(OUTBOX_TEST_ESP_URL=esp.url),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    esp.webhook_url = f"http://127.0.0.1:{port}/anymail/postmark/tracking/"
+    try:
+        wait_until(lambda: _listens(port), timeout=30, interval=0.1)
+        yield
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def _listens(port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
+
+
+@pytest.fixture(autouse=True)
+def fresh(esp: FakeESP, settings, webhooks) -> None:
+    esp.plan.clear()
+    with esp.lock:
+        esp.accepted.clear()
+        esp.requests.clear()
+        esp.bodies.clear()
+        esp.webhook_statuses.clear()
+    settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
+
+
+def env(esp: FakeESP, policy: str = "review", **extra: str) -> dict[str, str]:
+    return {
+        "OUTBOX_TEST_EMAIL_BACKEND": POSTMARK_BACKEND,
+        "OUTBOX_TEST_ESP_URL": esp.url,
+        "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
+        "OUTBOX_TEST_ABANDONED_POLICY": policy,
+        "OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5",
+        "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25",
+        **extra,
+    }
+
+
+def settled(pk: int, *statuses: str, timeout: float = 30) -> Delivery:
+    return wait_until(
+        lambda: (row := Delivery.objects.get(pk=pk)).status in statuses and row, timeout
+    )
+
+
+def no_retry_after(esp: FakeESP) -> None:
+    """Until the worker sent a later email, due after any retry's backoff of the first."""
+    [later] = enqueue_email(
+        "Later", "Body", None, ["later@example.com"], send_at=timezone.now() + timedelta(seconds=2)
+    )
+    settled(later.pk, Status.SENT)
+
+
+@pytest.mark.parametrize("action", ["earlyslow", "early500"])
+def test_an_event_before_a_lost_answer_or_a_500_settles_the_attempt_sent(
+    esp, worker_process, action
+):
+    [row] = enqueue_email("Hi", "Body", None, ["early@example.com"])
+    esp.plan["early@example.com"] = [action]
+    worker_process("--concurrency", "1", **env(esp))
+    row = settled(row.pk, Status.SENT, Status.ABANDONED)
+    no_retry_after(esp)
+    row.refresh_from_db()
+    assert row.status == Status.SENT, row.last_error
+    assert esp.webhook_statuses == [200]
+    assert len(esp.accepted_for("early@example.com")) == 1  # never sent again
+    kept = row.attempt_log.get(actor="esp:Postmark")
+    assert kept.outcome == Outcome.REPORTED and kept.claim_token == row.claim_token
+    decided = row.attempt_log.get(outcome=Outcome.SENT)
+    assert "the ESP's event for this attempt came first" in decided.error
+    assert decided.esp_message_id == esp.accepted_for("early@example.com")[0].esp_id
+
+
+@pytest.mark.parametrize("policy", ["review", "requeue"])
+def test_an_event_before_its_worker_died_settles_it_sent_whatever_the_policy(
+    esp, worker_process, queue, policy
+):
+    """The ESP posts its event and answers; the worker dies before writing ``sent``."""
+    [row] = enqueue_email("Hi", "Body", None, ["dies@example.com"])
+    esp.plan["dies@example.com"] = ["earlyok"]
+    proc = worker_process("--concurrency", "1", **env(esp, policy, OUTBOX_FAULT_POINT="after_send"))
+    wait_until(lambda: process_state(proc) == "T", timeout=30)
+    assert esp.webhook_statuses == [200]
+    assert Delivery.objects.get(pk=row.pk).status == Status.PROCESSING
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    sweeper = Sweeper(queue=queue, timeout=1.5, policy=policy)
+    wait_until(lambda: sweeper.run_pass().reaped, timeout=15)
+    row.refresh_from_db()
+    assert row.status == Status.SENT, row.last_error
+    assert row.attempt_log.filter(outcome=Outcome.MARKED_SENT, actor="sweeper").exists()
+    assert len(esp.accepted_for("dies@example.com")) == 1
+
+
+def test_every_row_of_a_message_is_kept_by_its_own_recipients_early_event(
+    esp, worker_process, settings
+):
+    use_outbox(settings, POSTMARK_BACKEND)
+    esp.plan["ann@example.com"] = ["early500"]
+    message = EmailMessage(
+        "Hi", "Body", "from@example.com", ["ann@example.com"], cc=["bob@example.com"]
+    )
+    assert message.send() == 1
+    worker_process("--concurrency", "1", **env(esp))
+    rows = list(Delivery.objects.order_by("pk"))
+    for row in rows:
+        settled(row.pk, Status.SENT, Status.QUEUED, Status.ABANDONED)
+    no_retry_after(esp)
+    assert esp.webhook_statuses == [200, 200]
+    for row in rows:
+        row.refresh_from_db()
+        assert row.status == Status.SENT, (row.recipient, row.status, row.last_error)
+        assert len(esp.accepted_for(row.recipient)) == 1
