@@ -145,20 +145,23 @@ class Sender:
         """
         now = self.worker.clock.now()
         try:
-            companions = mark_companions(started.delivery, started.worker_id, now)
+            marked = mark_companions(started.delivery, started.worker_id, now)
+            companions = [
+                Started(
+                    d,
+                    started.email,
+                    started.attachments,
+                    started.token,
+                    started.started,
+                    started.worker_id,
+                )
+                for d in marked
+            ]
+            # A paused or slowed domain, or a rate limit, holds a companion as it
+            # would hold the row alone (each recipient counts): it goes later.
+            group = [started] + [c for c in companions if not self.gate.holds(c)]
         except DatabaseError as exc:
             return self.companions_not_marked(started, exc)
-        group = [started] + [
-            Started(
-                d,
-                started.email,
-                started.attachments,
-                started.token,
-                started.started,
-                started.worker_id,
-            )
-            for d in companions
-        ]
         fault("after_mark_companions")
         try:
             message = esp.request_message(
