@@ -57,6 +57,8 @@ class Accepted:
     metadata: dict[str, str]
     message_id: str  # the RFC Message-ID header, as sent
     at: float = field(default_factory=time.time)
+    payload: dict[str, Any] = field(default_factory=dict)  # the request's JSON or form, whole
+    token: str = ""  # Postmark's X-Postmark-Server-Token header
 
 
 class FakeESP:
@@ -95,9 +97,18 @@ class FakeESP:
             self.requests.append((recipient, chosen))
             return chosen
 
-    def accept(self, esp: str, to: str, metadata: dict[str, str], message_id: str) -> Accepted:
+    def accept(
+        self,
+        esp: str,
+        to: str,
+        metadata: dict[str, str],
+        message_id: str,
+        payload: dict[str, Any] | None = None,
+        token: str = "",
+    ) -> Accepted:
         esp_id = str(uuid.uuid4()) if esp == "Postmark" else f"<{uuid.uuid4().hex}@mg.example.com>"
-        taken = Accepted(esp, esp_id, parseaddr(to)[1], metadata, message_id)
+        to = parseaddr(to)[1]
+        taken = Accepted(esp, esp_id, to, metadata, message_id, payload=payload or {}, token=token)
         with self.lock:
             self.accepted.append(taken)
         return taken
@@ -116,7 +127,8 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path.rstrip("/").endswith("/email") or self.path == "/email":
+            # Postmark's /email, and /email/withTemplate/ for a message with a template_id.
+            if self.path.rstrip("/").endswith(("/email", "/email/withTemplate")):
                 self.postmark(json.loads(body))
             elif self.path.endswith("/messages"):
                 self.mailgun(_form(self.headers.get("Content-Type", ""), body))
@@ -132,13 +144,17 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 return self.answer(422, {"ErrorCode": 300, "Message": message})
             if self.failed(action, {"ErrorCode": 701, "Message": "fake failure"}):
                 return
+            token = self.headers.get("X-Postmark-Server-Token", "")
             taken = esp.accept(
-                "Postmark", to, data.get("Metadata", {}), headers.get("message-id", "")
+                "Postmark", to, data.get("Metadata", {}), headers.get("message-id", ""), data, token
             )
-            self.accepted(action, {
-                "To": to, "SubmittedAt": "2026-01-01T00:00:00Z", "MessageID": taken.esp_id,
+            answer = {
+                "SubmittedAt": "2026-01-01T00:00:00Z", "MessageID": taken.esp_id,
                 "ErrorCode": 0, "Message": "OK",
-            })  # fmt: skip
+            }  # fmt: skip
+            if to:  # as Postmark: no "To" in the answer to a Cc- or Bcc-only message
+                answer["To"] = to
+            self.accepted(action, answer)
 
         def mailgun(self, form: dict[str, str]) -> None:
             to = form.get("to", "")
@@ -149,7 +165,7 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 return
             metadata = {k[2:]: v for k, v in form.items() if k.startswith("v:")}
             message_id = form.get("h:Message-Id", "") or form.get("h:Message-ID", "")
-            taken = esp.accept("Mailgun", to, metadata, message_id)
+            taken = esp.accept("Mailgun", to, metadata, message_id, form)
             self.accepted(action, {"id": taken.esp_id, "message": "Queued. Thank you."})
 
         def failed(self, action: str, body: dict[str, Any]) -> bool:

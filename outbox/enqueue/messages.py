@@ -63,7 +63,8 @@ def prepare_message(
         if len(sender) > MAX_ADDRESS_LENGTH:  # the column's length
             raise field_error(
                 "from_email",
-                _("from_email is longer than %(limit)d characters.") % {"limit": MAX_ADDRESS_LENGTH},
+                _("from_email is longer than %(limit)d characters.")
+                % {"limit": MAX_ADDRESS_LENGTH},
             )
     else:
         sender = _address("from_email", message.from_email)

@@ -273,7 +273,9 @@ def _not_json(name: str, value: Any) -> Exception:
 def _store_metadata(name: str, value: Any) -> Any:
     """As JSON, without the outbox's own keys (``outbox/mail/esp.py`` adds them per row)."""
     stored = _store_json(name, value)
-    records = [stored] if name == "metadata" else stored.values() if isinstance(stored, dict) else ()
+    records = (
+        [stored] if name == "metadata" else stored.values() if isinstance(stored, dict) else ()
+    )
     for record in records:
         taken = sorted({DELIVERY_KEY, TOKEN_KEY} & set(record if isinstance(record, dict) else ()))
         if taken:
