@@ -43,6 +43,7 @@ import base64
 import email
 import email.policy
 import math
+import reprlib
 from collections.abc import Callable, Sequence
 from datetime import UTC, date, datetime
 from email.charset import Charset
@@ -265,8 +266,8 @@ def _store_json(name: str, value: Any) -> Any:
 def _not_json(name: str, value: Any) -> Exception:
     return field_error(
         name,
-        _("%(field)s holds %(value)r (%(type)s), which cannot be stored as JSON.")
-        % {"field": name, "value": value, "type": type(value).__name__},
+        _("%(field)s holds %(value)s (%(type)s), which cannot be stored as JSON.")
+        % {"field": name, "value": reprlib.repr(value), "type": type(value).__name__},
     )
 
 
