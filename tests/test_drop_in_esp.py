@@ -113,6 +113,14 @@ def test_attributes_left_unset_stay_unset(settings):
     assert not hasattr(rebuilt, "metadata") and not hasattr(rebuilt, "template_id")
 
 
+def test_a_set_of_tags_is_stored_as_the_list_anymail_makes_of_it(settings):
+    use_outbox(settings)
+    message = EmailMessage("Hi", "Body", None, ["bob@example.com"])
+    message.tags = frozenset({"welcome"})
+    message.send()
+    assert rebuild(Email.objects.get(), []).tags == ["welcome"]
+
+
 def test_anymails_request_carries_what_the_caller_set(postmark):
     message = AnymailMessage(
         "Hi", "Body", "shop@example.com", bcc=["bob@example.com"],

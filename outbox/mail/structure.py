@@ -27,7 +27,7 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
 anymail's attributes are read by name (anymail is optional and not imported):
 one left at anymail's ``UNSET``, or never set, is not stored, and the rebuilt
 message lacks it, as the sender's did. Each is stored as JSON (a lazy
-translation as text, a tuple as a list) or refused at ``send()`` with a
+translation as text, a tuple or a set as a list) or refused at ``send()`` with a
 ``ValidationError`` naming it; ``send_at`` is the rows' schedule (see
 :func:`schedule`) and is not set again on the rebuilt message. A new anymail
 attribute is one entry in :data:`ANYMAIL_ATTRIBUTES`.
@@ -250,7 +250,7 @@ def _store_json(name: str, value: Any) -> Any:
     if isinstance(value, float):
         if math.isfinite(value):
             return value
-    elif isinstance(value, (list, tuple)):
+    elif isinstance(value, (list, tuple, set, frozenset)):  # anymail makes lists of them
         return [_store_json(name, item) for item in value]
     elif isinstance(value, dict):
         stored = {}
