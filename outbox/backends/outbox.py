@@ -19,6 +19,7 @@ worker must then deliver somewhere else (see :mod:`outbox.mail.targets`)::
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
 from email.utils import parseaddr
@@ -140,23 +141,36 @@ class OutboxBackend(BaseEmailBackend):
             logger.error("could not queue %d email(s)", len(prepared), exc_info=True)
             return 0
         for (message, p), deliveries in zip(prepared, written, strict=True):
-            mark_queued(message, p.recipients, [d.pk for d in deliveries])
+            _mark_queued(message, p.recipients, [d.pk for d in deliveries])
         return len(prepared)
 
 
-def mark_queued(message: EmailMessage, recipients: Sequence[str], ids: list[int]) -> None:
+def _mark_queued(message: EmailMessage, recipients: Sequence[str], ids: list[int]) -> None:
     """Tell the caller what became of ``message``: :class:`OutboxBackend`'s docstring."""
     message.outbox_deliveries = ids  # type: ignore[attr-defined]
-    try:  # optional: anymail's documented status classes, when it is installed
-        from anymail.message import AnymailRecipientStatus, AnymailStatus
-    except ImportError:
+    classes = _anymail_status_classes()
+    if classes is None:
         return
-    status = AnymailStatus()
+    status_class, recipient_class = classes
+    status = status_class()
     status.set_recipient_status(
         {
-            parseaddr(r)[1] or r: AnymailRecipientStatus(message_id=None, status="queued")
+            parseaddr(r)[1] or r: recipient_class(message_id=None, status="queued")
             for r in recipients
         }
     )
-    status.esp_response = ids
+    status.esp_response = list(ids)
     message.anymail_status = status  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _anymail_status_classes() -> tuple[Any, Any] | None:
+    """anymail's documented ``AnymailStatus`` and ``AnymailRecipientStatus``; None without anymail.
+
+    Looked up once: a failed import searches the whole path every time.
+    """
+    try:
+        from anymail.message import AnymailRecipientStatus, AnymailStatus
+    except ImportError:
+        return None
+    return AnymailStatus, AnymailRecipientStatus
