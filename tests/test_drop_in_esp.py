@@ -316,6 +316,18 @@ def test_a_reply_to_entry_with_several_addresses_is_sent_as_django_writes_it(set
     assert "reply_to" in info.value.message_dict
 
 
+def test_the_strict_rule_checks_each_address_of_a_reply_to_entry(settings):
+    use_outbox(settings, STRICT_ADDRESSES=True)
+    good = ["A <a@example.com>, B <b@example.com>"]
+    assert EmailMessage("s", "b", None, ["bob@example.com"], reply_to=good).send() == 1
+    with pytest.raises(InvalidEmailError) as info:
+        bad = [
+            "A <a@example.com>, webmaster"
+        ]  # Django takes a bare local part; the strict rule not
+        EmailMessage("s", "b", None, ["bob@example.com"], reply_to=bad).send()
+    assert "reply_to" in info.value.message_dict
+
+
 @pytest.mark.parametrize(("value", "text"), [(5, "5"), (Decimal("1.50"), "1.50")])
 def test_through_anymail_a_header_value_of_any_type_is_sent_as_its_text(postmark, value, text):
     """Django 6's message() refuses them (TypeError); anymail's backends never call it."""
