@@ -69,7 +69,8 @@ class Accepted:
     metadata: dict[str, str]
     message_id: str  # the RFC Message-ID header, as sent
     at: float = field(default_factory=time.time)
-    request: dict[str, Any] = field(default_factory=dict)  # the request's body, parsed
+    payload: dict[str, Any] = field(default_factory=dict)  # the request's JSON or form, whole
+    token: str = ""  # Postmark's X-Postmark-Server-Token header
 
 
 class FakeESP:
@@ -120,15 +121,17 @@ class FakeESP:
         to: str,
         metadata: dict[str, str],
         message_id: str,
+        payload: dict[str, Any] | None = None,
+        token: str = "",
         *,
         esp_id: str = "",
-        request: dict[str, Any] | None = None,
     ) -> Accepted:
         if not esp_id:
             esp_id = (
                 str(uuid.uuid4()) if esp == "Postmark" else f"<{uuid.uuid4().hex}@mg.example.com>"
             )
-        taken = Accepted(esp, esp_id, parseaddr(to)[1], metadata, message_id, request=request or {})
+        to = parseaddr(to)[1]
+        taken = Accepted(esp, esp_id, to, metadata, message_id, payload=payload or {}, token=token)
         with self.lock:
             self.accepted.append(taken)
         return taken
@@ -182,7 +185,8 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
 
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            if self.path.rstrip("/").endswith("/email") or self.path == "/email":
+            # Postmark's /email, and /email/withTemplate/ for a message with a template_id.
+            if self.path.rstrip("/").endswith(("/email", "/email/withTemplate")):
                 self.postmark(json.loads(body))
             elif self.path.endswith("/messages"):
                 self.mailgun(_form(self.headers.get("Content-Type", ""), body))
@@ -211,6 +215,7 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
             refused = [r.lower() for r in recipients[1:] if esp.inactive(r)]
             if first_inactive:
                 refused.insert(0, first.lower())
+            token = self.headers.get("X-Postmark-Server-Token", "")
             esp_id = str(uuid.uuid4())
             taken = [
                 esp.accept(
@@ -218,8 +223,9 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                     recipient,
                     data.get("Metadata", {}),
                     headers.get("message-id", ""),
+                    data,
+                    token,
                     esp_id=esp_id,
-                    request=data,
                 )
                 for recipient in recipients
                 if recipient.lower() not in refused
@@ -243,7 +249,7 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 "ErrorCode": 0,
                 "Message": message,
             }
-            if to:
+            if to:  # as Postmark: no "To" in the answer to a Cc- or Bcc-only message
                 answer["To"] = to
             self.accepted(action, answer)
 
@@ -256,7 +262,7 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 return
             metadata = {k[2:]: v for k, v in form.items() if k.startswith("v:")}
             message_id = form.get("h:Message-Id", "") or form.get("h:Message-ID", "")
-            taken = esp.accept("Mailgun", to, metadata, message_id)
+            taken = esp.accept("Mailgun", to, metadata, message_id, form)
             self.accepted(action, {"id": taken.esp_id, "message": "Queued. Thank you."})
 
         def failed(self, action: str, body: dict[str, Any]) -> bool:

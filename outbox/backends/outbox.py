@@ -19,8 +19,10 @@ worker must then deliver somewhere else (see :mod:`outbox.mail.targets`)::
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Sequence
+from email.utils import parseaddr
 from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured, ValidationError
@@ -29,7 +31,7 @@ from django.core.mail.message import EmailMessage
 from django.db import DatabaseError
 
 from ..conf import PRIORITIES
-from ..enqueue.api import write_prepared
+from ..enqueue.api import Prepared, write_prepared
 from ..enqueue.messages import prepare_message
 from ..mail.mailers import delivery_mailers, is_delivery_mailer
 
@@ -47,8 +49,22 @@ class OutboxBackend(BaseEmailBackend):
     ids reach Redis after the commit. All messages of one
     :meth:`send_messages` call are written in one transaction.
 
-    Returns the number of messages accepted. A message Django would not send
-    (no recipients) is skipped. An invalid one raises
+    Returns the number of messages accepted: 1 from ``send()`` means queued,
+    not sent. Each accepted message is then marked, when the write returns
+    (inside ``transaction.atomic()``: the rows the commit will make):
+
+    - ``message.outbox_deliveries``: the ids of its
+      :class:`~outbox.models.Delivery` rows, one per envelope recipient
+      (``to + cc + bcc``, the same address once), in that order;
+    - ``message.anymail_status``, when django-anymail is installed (as anymail's
+      backends set it on every message they send): an ``AnymailStatus`` that
+      says "queued by the outbox", ``status == {"queued"}``, each recipient an
+      ``AnymailRecipientStatus(message_id=None, status="queued")``, and
+      ``esp_response`` the same list of delivery ids. The ESP's own answer
+      comes later, on each delivery's attempts.
+
+    A message Django would not send (no recipients) is skipped and not
+    marked. An invalid one raises
     :class:`~outbox.exceptions.InvalidEmailError` (a ``ValidationError`` and a
     ``ValueError``, as Django's backends raise) or ``TypeError`` before
     anything is written; with ``fail_silently`` it is skipped and not counted,
@@ -99,19 +115,18 @@ class OutboxBackend(BaseEmailBackend):
         self.mailer = mailer or ""
 
     def send_messages(self, email_messages: Sequence[EmailMessage]) -> int:
-        prepared = []
+        prepared: list[tuple[EmailMessage, Prepared]] = []
         for message in email_messages:
             if not message.recipients():
                 continue
             try:
-                prepared.append(
-                    prepare_message(
-                        message,
-                        priority=self.priority,
-                        max_attempts=self.max_attempts,
-                        mailer=self.mailer,
-                    )
+                one = prepare_message(
+                    message,
+                    priority=self.priority,
+                    max_attempts=self.max_attempts,
+                    mailer=self.mailer,
                 )
+                prepared.append((message, one))
             except (ValidationError, TypeError) as exc:
                 if not self.fail_silently:
                     raise
@@ -119,10 +134,43 @@ class OutboxBackend(BaseEmailBackend):
         if not prepared:
             return 0
         try:
-            write_prepared(prepared)
+            written = write_prepared([p for _message, p in prepared])
         except DatabaseError:
             if not self.fail_silently:
                 raise
             logger.error("could not queue %d email(s)", len(prepared), exc_info=True)
             return 0
+        for (message, p), deliveries in zip(prepared, written, strict=True):
+            _mark_queued(message, p.recipients, [d.pk for d in deliveries])
         return len(prepared)
+
+
+def _mark_queued(message: EmailMessage, recipients: Sequence[str], ids: list[int]) -> None:
+    """Tell the caller what became of ``message``: :class:`OutboxBackend`'s docstring."""
+    message.outbox_deliveries = ids  # type: ignore[attr-defined]
+    classes = _anymail_status_classes()
+    if classes is None:
+        return
+    status_class, recipient_class = classes
+    status = status_class()
+    status.set_recipient_status(
+        {
+            parseaddr(r)[1] or r: recipient_class(message_id=None, status="queued")
+            for r in recipients
+        }
+    )
+    status.esp_response = list(ids)
+    message.anymail_status = status  # type: ignore[attr-defined]
+
+
+@functools.cache
+def _anymail_status_classes() -> tuple[Any, Any] | None:
+    """anymail's documented ``AnymailStatus`` and ``AnymailRecipientStatus``; None without anymail.
+
+    Looked up once: a failed import searches the whole path every time.
+    """
+    try:
+        from anymail.message import AnymailRecipientStatus, AnymailStatus
+    except ImportError:
+        return None
+    return AnymailStatus, AnymailRecipientStatus

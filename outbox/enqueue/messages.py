@@ -1,32 +1,43 @@
 """A Django ``EmailMessage`` into a :class:`~outbox.enqueue.prepare.Prepared` email.
 
-This is the drop-in backend's write path. A message is accepted when Django
-would send it: its addresses pass Django's own rule (or the outbox's stricter
-one with ``OUTBOX["STRICT_ADDRESSES"]``), and Django's ``message()`` builds it
-without an error. What Django raised becomes an
-:class:`~outbox.exceptions.InvalidEmailError`, which is still a ``ValueError``.
-What is stored is described in :mod:`outbox.mail.structure`.
+This is the drop-in backend's write path. A message is accepted when the
+backend its mailer delivers through would send it: its addresses pass
+Django's own rule (or the outbox's stricter one with
+``OUTBOX["STRICT_ADDRESSES"]``), and Django's ``message()`` builds it without
+an error. What Django raised becomes an
+:class:`~outbox.exceptions.InvalidEmailError`, which is still a ``ValueError``
+(a ``TypeError`` stays one). A ``reply_to`` entry may hold several addresses,
+as Django's header takes them. Through a django-anymail backend, which reads
+the message's fields and never builds Django's ``message()``, ``from_email``
+may hold several addresses too (whether the ESP takes them is anymail's
+check, in the worker) and a header's value may be of any type (stored as its
+text). What is stored is described in :mod:`outbox.mail.structure`;
+anymail's ``send_at`` is the rows' schedule.
 """
 
 from __future__ import annotations
 
 import copy
-from email.utils import parseaddr
+from datetime import datetime
+from email.utils import getaddresses, parseaddr
 from typing import Any
 
 from django.core.mail import EmailMessage
 from django.utils.translation import gettext as _
 
 from ..conf import outbox_settings
-from ..mail.structure import describe, text
+from ..mail.mailers import delivers_through_anymail
+from ..mail.structure import describe, schedule, text
 from ..validation import (
+    MAX_ADDRESS_LENGTH,
     check_address_as_django,
+    check_address_list_as_django,
     check_text,
     field_error,
     normalize_address,
     require_type,
 )
-from .prepare import Prepared, check_mailer, check_max_attempts, check_priority
+from .prepare import Prepared, check_mailer, check_max_attempts, check_priority, stored_moment
 
 
 def prepare_message(
@@ -42,19 +53,30 @@ def prepare_message(
     becomes one delivery, whose copy is the message Django would build (see
     :mod:`outbox.mail.message`). Raises ``InvalidEmailError`` (or ``TypeError``).
     """
+    mailer = check_mailer(mailer)
+    anymail = delivers_through_anymail(mailer)
     to = _addresses("to", message.to)
     cc = _addresses("cc", message.cc)
     bcc = _addresses("bcc", message.bcc)
-    sender = _address("from_email", message.from_email)
+    if anymail:
+        sender = _address_list("from_email", message.from_email)
+        if len(sender) > MAX_ADDRESS_LENGTH:  # the column's length
+            raise field_error(
+                "from_email",
+                _("from_email is longer than %(limit)d characters.")
+                % {"limit": MAX_ADDRESS_LENGTH},
+            )
+    else:
+        sender = _address("from_email", message.from_email)
     subject, body = text(message.subject), text(message.body) or ""
     require_type("subject", subject, str, "a string")
     require_type("body", body, str, "a string")
     check_text("subject", subject, single_line=True)
     check_text("body", body, single_line=False)
     for value in message.reply_to or ():
-        _address("reply_to", value)
+        _address_list("reply_to", value)
     _check_headers(message.extra_headers)
-    _build_as_django(message)
+    _build_as_django(message, anymail)
     described = describe(message, to, cc)
     for content, _mimetype in described.structure.get("alternatives", ()):
         if isinstance(content, str):
@@ -74,9 +96,10 @@ def prepare_message(
         attachments=described.files,
         priority=priority,
         max_attempts=max_attempts,
-        mailer=check_mailer(mailer),
+        mailer=mailer,
         structure=described.structure,
         message_id=_message_id(message.extra_headers),
+        send_at=stored_moment(schedule(described.structure)),
     )
 
 
@@ -84,6 +107,16 @@ def _address(field: str, value: Any) -> str:
     if outbox_settings.STRICT_ADDRESSES:
         normalize_address(field, text(value))
     return check_address_as_django(field, value)
+
+
+def _address_list(field: str, value: Any) -> str:
+    """An entry that may hold several addresses: Django's rule for each (and the strict one)."""
+    checked = check_address_list_as_django(field, value)
+    if outbox_settings.STRICT_ADDRESSES:
+        addresses = getaddresses([checked])
+        for item in [checked] if len(addresses) < 2 else [a for _name, a in addresses]:
+            normalize_address(field, item)
+    return checked
 
 
 def _addresses(field: str, values: Any) -> list[str]:
@@ -125,15 +158,22 @@ def _check_headers(headers: Any) -> None:
             check_text("headers", value, single_line=True)
 
 
-def _build_as_django(message: EmailMessage) -> None:
+def _build_as_django(message: EmailMessage, anymail: bool) -> None:
     """Django's own checks, which its backends run when they send: build the message once.
 
     Without the To and Cc lists, whose addresses are checked one by one
     already: joined into headers, 10,000 of them would cost Django's header
-    parser more than everything else an enqueue does.
+    parser more than everything else an enqueue does. For an anymail
+    backend, header values as the text they are stored as (Django 6 refuses
+    an ``int`` in ``message()``, which anymail never calls).
     """
     probe = copy.copy(message)
     probe.to, probe.cc, probe.bcc = [], [], []
+    if anymail and probe.extra_headers:
+        probe.extra_headers = {
+            name: value if isinstance(value, (str, datetime)) else str(value)
+            for name, value in probe.extra_headers.items()
+        }
     try:
         probe.message()
     except ValueError as exc:  # BadHeaderError and UnicodeError are ValueErrors too

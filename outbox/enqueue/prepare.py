@@ -111,16 +111,16 @@ def prepare(
         reply_to=reply,
         headers=extra_headers,
         attachments=files,
-        send_at=_stored(send_at),
+        send_at=stored_moment(send_at),
         priority=priority,
         idempotency_key=idempotency_key,
         max_attempts=max_attempts,
-        expires_at=_stored(expires_at),
+        expires_at=stored_moment(expires_at),
         mailer=mailer,
     )
 
 
-def _stored(moment: datetime | None) -> datetime | None:
+def stored_moment(moment: datetime | None) -> datetime | None:
     """A validated (aware) time the way Django stores it: naive in TIME_ZONE without USE_TZ.
 
     SQLite refuses an aware datetime when ``USE_TZ = False``; the caller's

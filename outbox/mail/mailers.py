@@ -39,6 +39,7 @@ and closed on the same occasions as the default one.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from django.conf import settings
@@ -52,6 +53,7 @@ from .bounded import bounded_backend_class
 from .targets import (
     SMTP_BACKEND,
     accepts_timeout,
+    delivery_backend_path,
     get_delivery_connection,
     has_timeout,
     limit_timeout,
@@ -112,6 +114,19 @@ def is_delivery_mailer(alias: str) -> bool:
     except Exception:  # not configured, malformed or not importable: a system check says which
         return False
     return not queues_mail(backend_class)
+
+
+def delivers_through_anymail(alias: str) -> bool:
+    """Whether mailer ``alias`` (``""``: the default target) has a django-anymail backend.
+
+    Known by the class's modules (anymail is optional, and not imported here),
+    so a project's subclass of anymail's backend counts too.
+    """
+    try:
+        backend_class = import_string(backend_path(alias) if alias else delivery_backend_path())
+    except Exception:  # not configured or not importable: a system check says which
+        return False
+    return any(cls.__module__.startswith("anymail.") for cls in inspect.getmro(backend_class))
 
 
 def delivery_mailers() -> list[str]:

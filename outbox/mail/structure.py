@@ -19,7 +19,18 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
 ``mixed_subtype``,    Django 5.2's subtypes, when not the default
 ``alternative_...``
 ``blank_names``       positions of attachments whose file name was ``""``
+``anymail``           django-anymail's message attributes the sender set (on an
+                      ``AnymailMessage`` or any ``EmailMessage``), by name, as
+                      :data:`ANYMAIL_ATTRIBUTES` stores each (version 2 on)
 ====================  ===========================================================
+
+anymail's attributes are read by name (anymail is optional and not imported):
+one left at anymail's ``UNSET``, or never set, is not stored, and the rebuilt
+message lacks it, as the sender's did. Each is stored as JSON (a lazy
+translation as text, a tuple or a set as a list) or refused at ``send()`` with a
+``ValidationError`` naming it; ``send_at`` is the rows' schedule (see
+:func:`schedule`) and is not set again on the rebuilt message. A new anymail
+attribute is one entry in :data:`ANYMAIL_ATTRIBUTES`.
 
 Rebuilding makes Django objects again (a MIME part is parsed back from its
 bytes), so the worker sends what ``message()`` makes of them under the Django
@@ -31,8 +42,10 @@ from __future__ import annotations
 import base64
 import email
 import email.policy
-from collections.abc import Sequence
-from datetime import datetime
+import math
+import reprlib
+from collections.abc import Callable, Sequence
+from datetime import UTC, date, datetime
 from email.charset import Charset
 from email.message import Message
 from email.mime.base import MIMEBase
@@ -40,12 +53,16 @@ from email.utils import parseaddr
 from typing import Any, NamedTuple
 
 from django.core.mail import EmailMessage, EmailMultiAlternatives
+from django.utils import timezone
 from django.utils.functional import Promise
+from django.utils.translation import gettext as _
 
 from ..models import Attachment, Email
-from ..validation import MODERN_EMAIL_API
+from ..validation import MODERN_EMAIL_API, field_error
+from .esp import DELIVERY_KEY, TOKEN_KEY
 
-STRUCTURE_VERSION = 1
+# 2: the "anymail" key (rows of version 1 have none).
+STRUCTURE_VERSION = 2
 
 
 class File(NamedTuple):
@@ -105,6 +122,9 @@ def describe(message: EmailMessage, to: list[str], cc: list[str]) -> Described:
     ]
     if blank:
         structure["blank_names"] = blank
+    anymail = _anymail_attributes(message)
+    if anymail:
+        structure["anymail"] = anymail
     return Described(html, structure, [_file(item) for item in message.attachments])
 
 
@@ -199,6 +219,10 @@ def rebuild(
             setattr(message, name, s[name])
     for content, mimetype in s.get("alternatives", ()):
         message.attach_alternative(_content(content, email_row), mimetype)
+    for name, stored in s.get("anymail", {}).items():
+        codec = ANYMAIL_ATTRIBUTES.get(name)
+        if codec is not None and codec.passed_on:  # a name this host does not know: left out
+            setattr(message, name, codec.restore(stored))
     blank = set(s.get("blank_names", ()))
     for i, attachment in enumerate(attachments):
         if attachment.mime_part:
@@ -207,6 +231,150 @@ def rebuild(
             filename: str | None = "" if i in blank else attachment.name or None
             message.attach(filename, bytes(attachment.content), attachment.mimetype)
     return message
+
+
+class Codec(NamedTuple):
+    """How one anymail attribute is stored: ``store(name, value)`` and ``restore(stored)``."""
+
+    store: Callable[[str, Any], Any]
+    restore: Callable[[Any], Any]
+    passed_on: bool = True  # set on the rebuilt message for anymail's backend
+
+
+def _store_json(name: str, value: Any) -> Any:
+    """``value`` as JSON, as anymail's converters see it (lazy text forced); else refused."""
+    if isinstance(value, Promise):
+        return str(value)
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if math.isfinite(value):
+            return value
+    elif isinstance(value, (list, tuple, set, frozenset)):  # anymail makes lists of them
+        return [_store_json(name, item) for item in value]
+    elif isinstance(value, dict):
+        stored = {}
+        for key, item in value.items():
+            key = str(key) if isinstance(key, Promise) else key
+            if not isinstance(key, str):
+                raise _not_json(name, key)
+            stored[key] = _store_json(name, item)
+        return stored
+    raise _not_json(name, value)
+
+
+def _not_json(name: str, value: Any) -> Exception:
+    return field_error(
+        name,
+        _("%(field)s holds %(value)s (%(type)s), which cannot be stored as JSON.")
+        % {"field": name, "value": reprlib.repr(value), "type": type(value).__name__},
+    )
+
+
+def _store_metadata(name: str, value: Any) -> Any:
+    """As JSON, without the outbox's own keys (``outbox/mail/esp.py`` adds them per row)."""
+    stored = _store_json(name, value)
+    records = (
+        [stored] if name == "metadata" else stored.values() if isinstance(stored, dict) else ()
+    )
+    for record in records:
+        taken = sorted({DELIVERY_KEY, TOKEN_KEY} & set(record if isinstance(record, dict) else ()))
+        if taken:
+            raise field_error(
+                name,
+                _("%(field)s may not use the key %(key)r: the outbox's identity of a delivery.")
+                % {"field": name, "key": taken[0]},
+            )
+    return stored
+
+
+def _store_moment(name: str, value: Any) -> Any:
+    """A datetime, a date or a POSIX timestamp: the values anymail makes a time of."""
+    if value is None:  # anymail's "not scheduled"
+        return None
+    if isinstance(value, datetime):
+        return {"datetime": value.isoformat()}
+    if isinstance(value, date):
+        return {"date": value.isoformat()}
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        return {"timestamp": value}
+    raise field_error(
+        name,
+        _("%(field)s must be a datetime, a date or a POSIX timestamp, not %(type)s.")
+        % {"field": name, "type": type(value).__name__},
+    )
+
+
+def _restore_moment(stored: dict[str, Any] | None) -> Any:
+    if stored is None:
+        return None
+    if "datetime" in stored:
+        return datetime.fromisoformat(stored["datetime"])
+    if "date" in stored:
+        return date.fromisoformat(stored["date"])
+    return stored["timestamp"]
+
+
+def _same(stored: Any) -> Any:
+    return stored
+
+
+JSON = Codec(_store_json, _same)
+
+# Every attribute anymail's backends read from a message (anymail's
+# AnymailMessage and BasePayload.anymail_message_attrs), and how it is stored.
+ANYMAIL_ATTRIBUTES: dict[str, Codec] = {
+    "envelope_sender": JSON,
+    "metadata": Codec(_store_metadata, _same),
+    # The outbox's schedule (the rows' not_before), not passed on: README, "Sending through an ESP".
+    "send_at": Codec(_store_moment, _restore_moment, passed_on=False),
+    "tags": JSON,
+    "track_clicks": JSON,
+    "track_opens": JSON,
+    "template_id": JSON,
+    "merge_data": JSON,
+    "merge_global_data": JSON,
+    "merge_headers": JSON,
+    "merge_metadata": Codec(_store_metadata, _same),
+    "esp_extra": JSON,
+}
+
+
+def _is_unset(value: Any) -> bool:
+    """anymail's ``UNSET`` marker (a class of that name), known without importing anymail."""
+    return isinstance(value, type) and value.__name__ == "UNSET" and "anymail" in value.__module__
+
+
+def _anymail_attributes(message: EmailMessage) -> dict[str, Any]:
+    stored = {}
+    for name, codec in ANYMAIL_ATTRIBUTES.items():
+        if not hasattr(message, name):
+            continue
+        value = getattr(message, name)
+        if not _is_unset(value):
+            stored[name] = codec.store(name, value)
+    return stored
+
+
+def schedule(structure: dict[str, Any]) -> datetime | None:
+    """The aware time ``send_at`` names, read as anymail reads it; None without one.
+
+    A naive datetime, or a date (at midnight), is in Django's current time
+    zone; a number is a POSIX timestamp.
+    """
+    stored = structure.get("anymail", {}).get("send_at")
+    if stored is None:
+        return None
+    value = _restore_moment(stored)
+    if isinstance(value, datetime):
+        moment = value
+    elif isinstance(value, date):
+        moment = datetime(value.year, value.month, value.day)
+    else:
+        return datetime.fromtimestamp(value, UTC)
+    if timezone.is_naive(moment):
+        moment = timezone.make_aware(moment, timezone.get_current_timezone())
+    return moment
 
 
 def _encoding(stored: Any) -> Any:

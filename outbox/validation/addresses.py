@@ -155,6 +155,30 @@ def check_address_as_django(field: str, value: Any) -> str:
     return value
 
 
+def check_address_list_as_django(field: str, value: Any) -> str:
+    """One entry that may hold several addresses (``"A <a@x>, B <b@x>"``), each by Django's rule.
+
+    Django joins a ``reply_to`` entry into its header as written, and
+    anymail parses every entry of an address field as such a list. A value
+    that is not a list of two or more mailboxes is one address
+    (:func:`check_address_as_django`). Returns the value as text, unchanged.
+    """
+    if isinstance(value, Promise):
+        value = str(value)
+    require_type(field, value, str, "a string")
+    if "," in value:
+        try:
+            mailboxes = AddressHeader.value_parser(value).all_mailboxes
+        except (errors.HeaderParseError, IndexError):
+            mailboxes = []
+        if len(mailboxes) > 1:
+            check_text(field, value, single_line=True)
+            for mailbox in mailboxes:
+                check_address_as_django(field, str(mailbox).strip())
+            return value
+    return check_address_as_django(field, value)
+
+
 def check_wire_form(field: str, value: str, address: str) -> None:
     """Refuse an address longer, as it goes on the wire, than RFC 5321 allows.
 
