@@ -52,7 +52,7 @@ MARK = Transition(
         "status",
     ),
 )
-# A message from the drop-in backend goes to an ESP in one request (``mail/esp.py``):
+# A message from the drop-in backend goes to an ESP in one request (``mail/request.py``):
 # the mark's row takes the message's other rows with it, each as the mark would,
 # under the same claim token. A row not due, past its expires_at or not queued
 # is left to its own claim, and the request goes without it.

@@ -46,7 +46,7 @@ from .. import transitions
 from ..conf import outbox_settings
 from ..db import refused_for_good, storable
 from ..exceptions import DeliveryError
-from ..mail import esp
+from ..mail import request
 from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
@@ -97,7 +97,7 @@ class Settlement:
     # For a success through an ESP's API: its own id of the message
     # (``mail/esp.py``), written on the attempt's row.
     esp_message_id: str = ""
-    # The outcomes of the companions sent in the same request (``mail/esp.py``):
+    # The outcomes of the companions sent in the same request (``mail/request.py``):
     # written with this one, in its transaction; each ``changed`` once written.
     companions: list[Settlement] = field(default_factory=list)
     changed: int = 0
@@ -142,26 +142,26 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
 
 
-def from_answer(started: Started, answer: esp.Answer, now: datetime) -> Settlement:
+def from_answer(started: Started, answer: request.Answer, now: datetime) -> Settlement:
     """The outcome of one row of a request the ESP answered, from its recipient's status.
 
     Accepted is a success with the ESP's id; refused for good is ``failed``,
     the address suppressed under ``SUPPRESS_ON_REFUSAL``; not named, the
-    request's fate (``mail/esp.py``, ``REFUSED``); anything else is retried
+    request's fate (``mail/request.py``, ``REFUSED``); anything else is retried
     as a transient failure.
     """
     status = answer.of(started.delivery.recipient)
     if status is None and not answer.taken:
         why = "the ESP refused the request for another recipient; not sent to this one"
         return failure(started, DeliveryError(why), now)
-    if status is None or status.status in esp.ACCEPTED:
+    if status is None or status.status in request.ACCEPTED:
         note = (
             "" if status is not None else "accepted by the ESP, with no status for this recipient"
         )
         return Settlement(
             started, Outcome.SENT, note, esp_message_id=status.message_id if status else ""
         )
-    if status.status in esp.REFUSED:
+    if status.status in request.REFUSED:
         refused = [bare_address(started.delivery.recipient)]
         return Settlement(
             started,

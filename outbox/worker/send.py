@@ -22,7 +22,7 @@ from django.db import DatabaseError
 
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
-from ..mail import esp, valve
+from ..mail import esp, request, valve
 from ..mail.connection import Server
 from ..mail.handover import handover_server
 from ..mail.message import build_message
@@ -97,13 +97,13 @@ class Sender:
             if refused is not None:
                 return refused
         self.sending_as = started.worker_id
-        if esp.is_anymail(backend) and esp.one_request(started.email):
+        if esp.is_anymail(backend) and request.one_request(started.email):
             return self.send_request(started, backend)
         try:
             over_http = esp.is_anymail(backend)
             if over_http and started.email.structure is not None:
                 # The valve is on: the caller's message to this row's recipient alone.
-                message = esp.request_message(
+                message = request.request_message(
                     started.email, started.attachments, [started.delivery]
                 )
             else:
@@ -164,7 +164,7 @@ class Sender:
             return self.companions_not_marked(started, exc)
         fault("after_mark_companions")
         try:
-            message = esp.request_message(
+            message = request.request_message(
                 started.email, started.attachments, [s.delivery for s in group]
             )
             esp.identify(message, started.delivery.pk, started.token)
@@ -181,7 +181,7 @@ class Sender:
             self.gate.on_send_error(started, exc, connecting=False)
             return together(group, functools.partial(failure, exc=exc, now=self.worker.clock.now()))
         fault("after_send")
-        answer = esp.answer_of(message)
+        answer = request.answer_of(message)
         return together(
             group, functools.partial(from_answer, answer=answer, now=self.worker.clock.now())
         )
