@@ -235,7 +235,15 @@ class Sender:
 
 
 def together(group: list[Started], outcome: Callable[[Started], Settlement]) -> Settlement:
-    """The outcome of each row of one request: the first's, carrying the others'."""
-    lead, *companions = [outcome(s) for s in group]
+    """The outcome of each row of one request: the first's, carrying the others'.
+
+    The rows retried are due again at one time (the first's backoff), so that
+    the retry is again one request for all of them.
+    """
+    lead, *companions = outcomes = [outcome(s) for s in group]
+    retry_at = next((s.retry_at for s in outcomes if s.outcome == Outcome.RETRY), None)
+    for s in outcomes:
+        if s.outcome == Outcome.RETRY:
+            s.retry_at = retry_at
     lead.companions = companions
     return lead
