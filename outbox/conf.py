@@ -70,6 +70,10 @@ DEFAULTS: dict[str, Any] = {
     # Seconds ahead a row to a paused domain is rescheduled; resume takes effect
     # within this interval.
     "PAUSED_DOMAIN_RECHECK": 10.0,
+    # A mailer whose ESP refused its credential (401/403), or whose backend
+    # cannot be created, is paused: the first pause and the cap, in seconds;
+    # each refusal after a pause doubles it.
+    "MAILER_PAUSE": (30.0, 600.0),
     # -- automatic settlement of abandoned rows (outbox/sweeper/reconcile.py) --
     # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
     # about abandoned rows.
@@ -178,16 +182,19 @@ class OutboxSettings:
         value = self._get("MAILER")
         return str(value) if value else None
 
-    @property
-    def RETRY_BACKOFF(self) -> tuple[float, float]:
-        value = self._get("RETRY_BACKOFF")
+    def _pair(self, name: str) -> tuple[float, float]:
+        value = self._get(name)
         try:
             base, cap = value
-            return number("RETRY_BACKOFF", base), number("RETRY_BACKOFF", cap)
+            return number(name, base), number(name, cap)
         except (TypeError, ValueError):
             raise SettingTypeError(
-                f"OUTBOX['RETRY_BACKOFF'] = {value!r}: expected a pair of numbers (base, cap)"
+                f"OUTBOX[{name!r}] = {value!r}: expected a pair of numbers (base, cap)"
             ) from None
+
+    @property
+    def RETRY_BACKOFF(self) -> tuple[float, float]:
+        return self._pair("RETRY_BACKOFF")
 
     @property
     def HEARTBEAT_INTERVAL(self) -> float:
@@ -250,6 +257,10 @@ class OutboxSettings:
     @property
     def PAUSED_DOMAIN_RECHECK(self) -> float:
         return float(self._get("PAUSED_DOMAIN_RECHECK"))
+
+    @property
+    def MAILER_PAUSE(self) -> tuple[float, float]:
+        return self._pair("MAILER_PAUSE")
 
     # -- automatic settlement of abandoned rows --
 

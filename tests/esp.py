@@ -26,6 +26,11 @@ A request's action is its first recipient's; a Postmark request may name
 several (To, Cc and Bcc: one message), each kept as its own :class:`Accepted`
 with the one ESP id, and every request body is kept in :attr:`FakeESP.bodies`.
 
+Before any of these, the credential: with :attr:`FakeESP.server_token` (Postmark's
+``X-Postmark-Server-Token``) or :attr:`FakeESP.api_key` (Mailgun's basic-auth
+password) set, a request carrying another is answered 401, as each ESP answers
+it (Postmark's ``ErrorCode`` 10), and recorded as the action ``"401"``.
+
 Every accepted message is kept (:attr:`FakeESP.accepted`) with the ESP's id,
 its recipient, its metadata and its Message-ID; :func:`postmark_event` and
 :func:`mailgun_event` write the webhook body that ESP would post about it.
@@ -89,6 +94,9 @@ class FakeESP:
         self.webhook_url = ""
         self.early_hook: Callable[[Accepted], int] | None = None
         self.webhook_statuses: list[int] = []
+        # The credentials it takes (None: any); a request with another gets a 401.
+        self.server_token: str | None = None
+        self.api_key: str | None = None
         self.lock = threading.Lock()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), _handler(self))
         self.server.daemon_threads = True
@@ -114,6 +122,11 @@ class FakeESP:
                 chosen = queued.pop(0) if queued else "ok"
             self.requests.append((recipient, chosen))
             return chosen
+
+    def refuse(self, recipient: str) -> None:
+        """Record a request refused for its credential (the action ``"401"``)."""
+        with self.lock:
+            self.requests.append((parseaddr(recipient)[1].lower(), "401"))
 
     def accept(
         self,
@@ -203,6 +216,11 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
                 for _name, address in getaddresses([data.get(name) or ""])
                 if address
             ]
+            token = esp.server_token
+            if token is not None and self.headers.get("X-Postmark-Server-Token") != token:
+                esp.refuse(recipients[0] if recipients else to)
+                message = "Request does not contain a valid Server token."
+                return self.answer(401, {"ErrorCode": 10, "Message": message})
             headers = {h["Name"].lower(): h["Value"] for h in data.get("Headers", [])}
             first = recipients[0] if recipients else ""
             first_inactive = esp.inactive(first)
@@ -255,6 +273,11 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
 
         def mailgun(self, form: dict[str, str]) -> None:
             to = form.get("to", "")
+            if esp.api_key is not None and self.headers.get("Authorization") != _basic(
+                f"api:{esp.api_key}"
+            ):
+                esp.refuse(to)
+                return self.answer(401, {"message": "Invalid private key"})
             action = esp.action(to)
             if action == "422":
                 return self.answer(400, {"message": "'to' parameter is not a valid address."})
@@ -387,7 +410,11 @@ def mailgun_event(taken: Accepted, event: str = "delivered", **extra: Any) -> di
 
 
 def basic_auth() -> str:
-    return "Basic " + base64.b64encode(WEBHOOK_SECRET.encode()).decode()
+    return _basic(WEBHOOK_SECRET)
+
+
+def _basic(user_and_password: str) -> str:
+    return "Basic " + base64.b64encode(user_and_password.encode()).decode()
 
 
 __all__ = [

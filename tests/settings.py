@@ -27,6 +27,10 @@ database names:
   OUTBOX_TEST_ROUTED_DB_NAME is then its test database's name
 - OUTBOX_TEST_ESP_URL / OUTBOX_TEST_ESP_TIMEOUT: anymail's API URLs and its requests'
   timeout, for worker subprocesses sending to the fake ESP (tests/esp.py)
+- OUTBOX_TEST_POSTMARK_TOKEN: with OUTBOX_TEST_ESP_URL, the Postmark server token instead
+  of the tests' own ("" leaves the setting out)
+- OUTBOX_TEST_BULK_BACKEND: a second mailer, "bulk", delivering through that backend
+- OUTBOX_TEST_MAILER_PAUSE: OUTBOX["MAILER_PAUSE"] as "base,cap"
 """
 
 import json
@@ -160,6 +164,9 @@ if os.environ.get("OUTBOX_TEST_POSTFIX_LOG"):
     OUTBOX["POSTFIX_LOG"] = os.environ["OUTBOX_TEST_POSTFIX_LOG"]
 if os.environ.get("OUTBOX_TEST_RATE_LIMITS"):
     OUTBOX["RATE_LIMITS"] = json.loads(os.environ["OUTBOX_TEST_RATE_LIMITS"])
+if os.environ.get("OUTBOX_TEST_MAILER_PAUSE"):
+    _base, _cap = os.environ["OUTBOX_TEST_MAILER_PAUSE"].split(",")
+    OUTBOX["MAILER_PAUSE"] = (float(_base), float(_cap))
 
 # Email, configured as a project using the outbox would be: the project's own
 # mail goes into the outbox (OutboxBackend), and the worker delivers through a
@@ -189,6 +196,8 @@ if _USE_MAILERS:
         "delivery": {"BACKEND": _delivery_backend, "OPTIONS": _delivery_options},
     }
     OUTBOX["MAILER"] = "delivery"
+    if os.environ.get("OUTBOX_TEST_BULK_BACKEND"):
+        MAILERS["bulk"] = {"BACKEND": os.environ["OUTBOX_TEST_BULK_BACKEND"]}
 else:
     EMAIL_BACKEND = "outbox.backends.OutboxBackend"
     OUTBOX["EMAIL_BACKEND"] = _delivery_backend
@@ -197,6 +206,8 @@ else:
         EMAIL_PORT = _delivery_options["port"]
     if "file_path" in _delivery_options:
         EMAIL_FILE_PATH = _delivery_options["file_path"]
+    if os.environ.get("OUTBOX_TEST_BULK_BACKEND"):
+        OUTBOX["BACKENDS"] = {"bulk": os.environ["OUTBOX_TEST_BULK_BACKEND"]}
 
 LOGGING: dict[str, Any] = {
     "version": 1,
@@ -221,3 +232,7 @@ if os.environ.get("OUTBOX_TEST_ESP_URL"):
     ANYMAIL = anymail_settings(
         os.environ["OUTBOX_TEST_ESP_URL"], float(os.environ.get("OUTBOX_TEST_ESP_TIMEOUT", "1"))
     )
+    if "OUTBOX_TEST_POSTMARK_TOKEN" in os.environ:
+        ANYMAIL["POSTMARK_SERVER_TOKEN"] = os.environ["OUTBOX_TEST_POSTMARK_TOKEN"]
+        if not ANYMAIL["POSTMARK_SERVER_TOKEN"]:
+            del ANYMAIL["POSTMARK_SERVER_TOKEN"]

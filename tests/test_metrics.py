@@ -385,6 +385,12 @@ def test_pause_families_follow_the_switches(client, queue):
     control.resume(queue=queue)
     values = metrics(client)
     assert values["outbox_paused"] == {"": 0} and values["outbox_paused_domains"] == {"": 2}
+    # A mailer whose ESP refused its credential, until a send through it succeeds.
+    assert values["outbox_paused_mailers"] == {"": 0}
+    control.refuse("bulk", "Postmark refused its credential (HTTP 401: ...)", queue=queue)
+    assert metrics(client)["outbox_paused_mailers"] == {"": 1}
+    control.accepted("bulk", queue=queue)
+    assert metrics(client)["outbox_paused_mailers"] == {"": 0}
 
 
 def test_rate_limit_families_equal_usage_and_cost_no_query(client, queue, settings):

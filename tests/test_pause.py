@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import logging
+import re
 import signal
 
 import pytest
@@ -159,3 +160,46 @@ def test_a_pause_survives_redis_losing_it(outbox_mail, queue, running):
     run("outbox_resume")
     wait_until(lambda: sent(rows) == 2, timeout=10)
     assert control.state(queue).lost_at is None
+
+
+# -- a mailer paused because its ESP refused the credential ----------------------------
+
+
+def test_a_refused_mailer_pauses_alone_each_pause_in_a_row_twice_as_long(queue, settings):
+    settings.OUTBOX = {**settings.OUTBOX, "MAILER_PAUSE": (30.0, 100.0)}
+    state, began = control.refuse("bulk", "Postmark refused its credential (HTTP 401: x)", queue)
+    paused = state.paused_mailers["bulk"]
+    assert began and paused.count == 1 and paused.until - paused.since == pytest.approx(30)
+    assert paused.why == "Postmark refused its credential (HTTP 401: x)"
+    now = paused.since
+    # Only that mailer's rows are held, until the pause ends; the default mailer's go.
+    assert control.hold_until(state, "example.com", now, "bulk") == paused.until
+    assert control.hold_until(state, "example.com", now, "") is None
+    # Another thread or worker meeting the same refusal joins the running pause.
+    state, began = control.refuse("bulk", "again", queue)
+    assert not began and state.paused_mailers["bulk"] == paused
+    # The pause ended and the credential was refused again: twice as long, then the cap.
+    for count, seconds in ((2, 60), (3, 100), (4, 100)):
+        fields = {"refused:bulk": f"{now:.6f} {count - 1} {now - 1:.6f} before"}
+        queue.redis.hset(queue.control_key, mapping=fields)
+        state, began = control.refuse("bulk", "refused", queue)
+        paused = state.paused_mailers["bulk"]
+        assert began and paused.count == count
+        assert paused.until - paused.since == pytest.approx(seconds)
+    # The pause stays visible after its end, until a send through the mailer succeeds.
+    state, forgot = control.accepted("bulk", queue)
+    assert forgot and state.paused_mailers == {}
+    assert control.accepted("bulk", queue) == (state, False)
+
+
+def test_resume_forgets_the_mailers_pauses_and_status_says_why(queue):
+    control.refuse("", "Postmark refused its credential (HTTP 401: no valid Server token)", queue)
+    control.refuse("bulk", "its backend cannot be used: missing MAILGUN_API_KEY", queue)
+    text = run("outbox_status")
+    assert re.search(r"the default mailer: PAUSED for \d+s more \(1 in a row\): Postmark", text)
+    assert re.search(r"mailer 'bulk': PAUSED for \d+s more \(1 in a row\): its backend", text)
+    snapshot = collect()
+    assert set(snapshot["redis"]["control"]["paused_mailers"]) == {"", "bulk"}
+    run("outbox_resume")
+    assert control.state(queue).paused_mailers == {}
+    assert "PAUSED" not in render(collect())

@@ -77,6 +77,16 @@ def control_context(redis_part: dict[str, Any]) -> dict[str, Any]:
             {"domain": domain, "remaining": age(max(0.0, until - now))}
             for domain, until in sorted(switches["slow_domains"].items())
         ],
+        "paused_mailers": [
+            {
+                "mailer": mailer,
+                "paused": paused["until"] > now,
+                "remaining": age(max(0.0, paused["until"] - now)),
+                "count": paused["count"],
+                "why": paused["why"],
+            }
+            for mailer, paused in sorted(switches.get("paused_mailers", {}).items())
+        ],
         "limits": [
             {
                 **limit,

@@ -1,7 +1,7 @@
 """System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email.
 
 One module per concern, each check registered on its own (``settings``,
-``redis``, ``database``, ``delivery``, ``mailers``, ``sending``, ``content``,
+``redis``, ``database``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
 ``reconcilers``, ``sqlite``, ``urls``, ``valve``); importing this package registers them all
 (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
@@ -12,6 +12,7 @@ from . import (
     content,
     database,
     delivery,
+    esp,
     mailers,
     reconcilers,
     redis,
@@ -26,6 +27,7 @@ __all__ = [
     "content",
     "database",
     "delivery",
+    "esp",
     "mailers",
     "reconcilers",
     "redis",

@@ -147,6 +147,7 @@ def _check_key_prefix() -> list[CheckMessage]:
 _NUMBERS = (
     "MAX_ATTEMPTS",
     "RETRY_BACKOFF",
+    "MAILER_PAUSE",
     "HEARTBEAT_INTERVAL",
     "HEARTBEAT_TIMEOUT",
     "CLAIM_BATCH",
@@ -178,6 +179,9 @@ def _check_numbers() -> list[CheckMessage]:
         problems.append("MAX_ATTEMPTS must be at least 1")
     if not 0 < base <= cap:
         problems.append("RETRY_BACKOFF must be (base, cap) with 0 < base <= cap")
+    pause_base, pause_cap = outbox_settings.MAILER_PAUSE
+    if not 0 < pause_base <= pause_cap:
+        problems.append("MAILER_PAUSE must be (base, cap) with 0 < base <= cap")
     if not 0 < interval < timeout:
         problems.append("HEARTBEAT_INTERVAL must be positive and below HEARTBEAT_TIMEOUT")
     if batch < 1:
@@ -191,7 +195,8 @@ def _check_numbers() -> list[CheckMessage]:
 
 _NUMBER_HINT = (
     "Write the number itself, not a string: MAX_ATTEMPTS and CLAIM_BATCH are integers "
-    "(5, not 5.0 or '5'), the times are seconds (30 or 0.5), RETRY_BACKOFF is (base, cap)."
+    "(5, not 5.0 or '5'), the times are seconds (30 or 0.5), RETRY_BACKOFF and "
+    "MAILER_PAUSE are (base, cap)."
 )
 
 

@@ -37,8 +37,17 @@ class name and status code, so neither library is imported
   (``AnymailRecipientsRefused``; 400/413/422 by the ESP's own codes, table
   :data:`PERMANENT_REFUSALS`): PERMANENT, and the refused addresses go on
   the suppression list (:func:`refused_by_esp`);
-- anything else (500, 401/403, an answer the table does not know):
-  TRANSIENT, as before, with the ESP's answer in the attempt's error.
+- anything else (500, an answer the table does not know): TRANSIENT, as
+  before, with the ESP's answer in the attempt's error.
+
+**The mailer's own configuration refused** (:func:`configuration_refused`):
+the ESP answered 401 or 403 (its credential is missing, wrong or revoked,
+or the account may not send), or the backend could not be created at all
+(``ImproperlyConfigured``: anymail's ``AnymailConfigurationError`` when a
+setting such as ``POSTMARK_SERVER_TOKEN`` is missing). Not this message's
+fault, and no message of that mailer can go until someone fixes it: the
+worker releases the row (not an attempt) and pauses the mailer
+(``worker/gate.py``), instead of retrying the row into ``failed``.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ from datetime import UTC, datetime
 from email.utils import parsedate_to_datetime
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
+
 from ..exceptions import AmbiguousDeliveryError, DeliveryError
 
 __all__ = [
@@ -58,6 +69,7 @@ __all__ = [
     "FailureKind",
     "HttpFailure",
     "classify",
+    "configuration_refused",
     "esp_answer",
     "http_failure",
     "is_ambiguous",
@@ -126,6 +138,51 @@ def classify(exc: BaseException) -> FailureKind:
 
 
 # -- HTTP delivery backends (django-anymail) ----------------------------------------
+
+# Answers about the credential or the account, not the message: 401 (missing or
+# wrong: Postmark's ErrorCode 10, "Request does not contain a valid Server
+# token"; Mailgun's "Forbidden"; SendGrid's bad API key) and 403 (a key
+# without the permission to send, a sender the account may not use).
+_CREDENTIAL_REFUSED = frozenset({401, 403})
+# Amazon SES (boto3) names them: an unknown or expired key, a bad signature,
+# a key without the permission; and botocore's own when it finds no credential.
+_SES_CREDENTIAL_REFUSED = frozenset(
+    {
+        "UnrecognizedClientException",
+        "InvalidClientTokenId",
+        "SignatureDoesNotMatch",
+        "AccessDeniedException",
+        "AccessDenied",
+        "ExpiredTokenException",
+        "NoCredentialsError",
+        "PartialCredentialsError",
+    }
+)
+
+
+def configuration_refused(exc: BaseException) -> str | None:
+    """Why the mailer itself cannot send now, if ``exc`` says so; else None.
+
+    ``ImproperlyConfigured`` (raised creating or using the backend: a missing
+    setting), or an ESP's 401/403 (module docstring). The text names the
+    ESP's answer, for the log and the attempt's error.
+    """
+    if any(isinstance(e, ImproperlyConfigured) for e in _chain(exc)):
+        return f"its backend cannot be used: {type(exc).__name__}: {exc}"
+    names = {name for e in _chain(exc) for name in _class_names(e)}
+    if not names & {"AnymailError", "RequestException", "BotoCoreError", "ClientError"}:
+        return None
+    status = _status(exc)
+    esp = next((str(n) for e in _chain(exc) if (n := getattr(e, "esp_name", None))), "the ESP")
+    if status in _CREDENTIAL_REFUSED:
+        answer = esp_answer(exc) or f"HTTP {status}"
+        return f"{esp} refused its credential ({answer})"
+    code = _boto_code(exc)
+    refused = (names | ({code} if code else set())) & _SES_CREDENTIAL_REFUSED
+    if refused:
+        return f"{esp} refused its credential ({', '.join(sorted(refused))})"
+    return None
+
 
 # What each ESP's API answers when it refuses the message itself for good, as
 # HTTP status -> the ESP's own error codes (None: any code). From anymail's

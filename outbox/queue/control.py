@@ -27,6 +27,21 @@ held the same way until its ``slow:`` time (``THROTTLE_PENALTY``); a 421
 while connecting is about the server as a whole, and holds every domain
 (``slow:*``).
 
+**A mailer paused by its ESP** (``refused:<mailer>``, :func:`refuse`): an
+ESP that answered 401 or 403, or a backend that cannot be created
+(``mail/failures.py``, ``configuration_refused``), pauses that one mailer
+(``""``: the default one) for ``MAILER_PAUSE`` seconds, twice as long after
+each refusal in a row, up to its cap. Its rows are held like a slowed
+domain's, until the pause ends; then the next send tries the credential
+again, and a success forgets the pause (:func:`accepted`). It lives here, in
+Redis, rather than in each worker's memory: every worker and thread sends with
+the same settings, so one refusal stands for all of them, which then wait
+instead of each asking the ESP with a refused credential (ESPs lock accounts
+that keep doing so); and ``outbox_status`` and the dashboard, other
+processes, read it here. A global ``outbox_resume`` forgets these pauses too
+(after a fix, to try again at once). Losing it with Redis costs one more
+refusal, so ``sync`` does not restore it.
+
 **If Redis loses the hash** (a flush, a restart without persistence), the
 safe default is the state the workers last saw, and a pause is never dropped:
 every worker remembers the hash's generation (``created``) and the pauses it
@@ -68,6 +83,24 @@ _DOMAIN_RE = re.compile(
 
 
 @dataclass(frozen=True)
+class MailerPause:
+    """A mailer paused because its ESP refused its credential (module docstring)."""
+
+    until: float  # Redis time the pause ends
+    count: int  # pauses in a row, this one included
+    since: float  # Redis time this pause began
+    why: str  # the refusal, with the ESP's answer
+
+    def as_dict(self) -> dict[str, object]:
+        return {"until": self.until, "count": self.count, "since": self.since, "why": self.why}
+
+
+def _mailer_pause(value: str) -> MailerPause:
+    until, count, since, why = [*value.split(" ", 3), ""][:4]
+    return MailerPause(float(until), int(count), float(since), why)
+
+
+@dataclass(frozen=True)
 class ControlState:
     """The switches as Redis holds them (times are Redis time, epoch seconds)."""
 
@@ -77,6 +110,9 @@ class ControlState:
     paused_domains: dict[str, float] = field(default_factory=dict)  # domain -> since
     slow_domains: dict[str, float] = field(default_factory=dict)  # domain -> held until
     lost_at: float | None = None  # when Redis was found to have lost the hash
+    # mailer alias ("": the default one) -> its ESP's refusal; kept after the
+    # pause ends, until a send through the mailer succeeds
+    paused_mailers: dict[str, MailerPause] = field(default_factory=dict)
 
     @property
     def paused(self) -> bool:
@@ -96,6 +132,7 @@ class ControlState:
             "paused_domains": dict(self.paused_domains),
             "slow_domains": dict(self.slow_domains),
             "lost_at": self.lost_at,
+            "paused_mailers": {m: p.as_dict() for m, p in self.paused_mailers.items()},
         }
 
 
@@ -105,11 +142,14 @@ def parse(fields: dict[str, str] | None) -> ControlState:
         return ControlState(known=False)
     paused_domains: dict[str, float] = {}
     slow_domains: dict[str, float] = {}
+    paused_mailers: dict[str, MailerPause] = {}
     for name, value in fields.items():
         if name.startswith("pause:"):
             paused_domains[name[6:]] = float(value)
         elif name.startswith("slow:"):
             slow_domains[name[5:]] = float(value)
+        elif name.startswith("refused:"):
+            paused_mailers[name[8:]] = _mailer_pause(value)
     return ControlState(
         known=True,
         generation=fields.get("created", ""),
@@ -117,6 +157,7 @@ def parse(fields: dict[str, str] | None) -> ControlState:
         paused_domains=paused_domains,
         slow_domains=slow_domains,
         lost_at=float(fields["lost_at"]) if "lost_at" in fields else None,
+        paused_mailers=paused_mailers,
     )
 
 
@@ -134,10 +175,16 @@ def clean_domain(domain: str) -> str:
 
 def _call(queue: RedisQueue | None, *args: str) -> tuple[float, ControlState]:
     """Run one operation of ``lua/control.lua``: ``(Redis' time, the hash after it)``."""
+    now, state, _rest = _call_more(queue, *args)
+    return now, state
+
+
+def _call_more(queue: RedisQueue | None, *args: str) -> tuple[float, ControlState, list[object]]:
+    """As :func:`_call`, and what else the operation's reply carries."""
     queue = queue or RedisQueue()
-    now, flat = queue.script("control")(keys=[queue.control_key], args=list(args))
+    now, flat, *rest = queue.script("control")(keys=[queue.control_key], args=list(args))
     decoded = [decode(v) for v in flat]
-    return float(now), parse(dict(zip(decoded[::2], decoded[1::2], strict=True)))
+    return float(now), parse(dict(zip(decoded[::2], decoded[1::2], strict=True))), rest
 
 
 def _run(queue: RedisQueue | None, *args: str) -> ControlState:
@@ -176,6 +223,25 @@ def resume(
 def slow_down(domain: str, seconds: float, queue: RedisQueue | None = None) -> ControlState:
     """Hold a domain for ``seconds`` (its server asked us to slow down); returns the state."""
     return _run(queue, "slow", domain, f"{seconds:.3f}")
+
+
+def refuse(mailer: str, why: str, queue: RedisQueue | None = None) -> tuple[ControlState, bool]:
+    """Pause ``mailer`` (its ESP refused its credential); True if this call began the pause.
+
+    A call while the mailer is paused joins that pause (module docstring);
+    ``why`` is kept for ``outbox_status`` and the dashboard.
+    """
+    base, cap = outbox_settings.MAILER_PAUSE
+    _now, state, rest = _call_more(
+        queue, "refuse", mailer, f"{base:.3f}", f"{cap:.3f}", " ".join(why.split())
+    )
+    return state, bool(rest and int(str(rest[0])))
+
+
+def accepted(mailer: str, queue: RedisQueue | None = None) -> tuple[ControlState, bool]:
+    """A send through ``mailer`` succeeded: forget its pause; True if this call forgot it."""
+    _now, state, rest = _call_more(queue, "accepted", mailer)
+    return state, bool(rest and int(str(rest[0])))
 
 
 def sync(queue: RedisQueue, seen: ControlState | None) -> ControlState:
@@ -220,7 +286,10 @@ class ControlView:
 
     def observe(self, fields: dict[str, str] | None, queue: RedisQueue) -> ControlState:
         """Take the hash a claim reply (or a read) carried; restore it if Redis lost it."""
-        current = parse(fields)
+        return self.take(parse(fields), queue)
+
+    def take(self, current: ControlState, queue: RedisQueue) -> ControlState:
+        """Take the switches as an operation of this worker's left them (or as observed)."""
         remembered = self.remembered
         if not current.known or (
             remembered is not None and current.generation != remembered.generation
@@ -260,7 +329,8 @@ def hold_until(current: ControlState, domain: str, now: float, mailer: str = "")
 
     ``mailer`` is the row's email's mailer alias: an ESP that answered 429 or
     503 with ``Retry-After`` slows its mailer (``"mailer:<alias>"``), or all
-    sending (``"*"``) when it is the default delivery backend (``worker/gate.py``).
+    sending (``"*"``) when it is the default delivery backend (``worker/gate.py``);
+    one that refused the mailer's credential pauses that mailer alone.
     """
     if domain in current.paused_domains:
         return now + outbox_settings.PAUSED_DOMAIN_RECHECK
@@ -269,4 +339,7 @@ def hold_until(current: ControlState, domain: str, now: float, mailer: str = "")
     until = max(slow.get(domain, 0.0), slow.get("*", 0.0))
     if mailer:
         until = max(until, slow.get(f"mailer:{mailer}", 0.0))
+    refused = current.paused_mailers.get(mailer)
+    if refused is not None:
+        until = max(until, refused.until)
     return until if until > now else None

@@ -203,6 +203,14 @@ def _control_families(control: dict[str, Any], limits: list[dict[str, Any]]) -> 
                 "outbox_paused.",
                 len(control["paused_domains"]),
             ),
+            _one(
+                "outbox_paused_mailers",
+                "gauge",
+                "Mailers whose ESP refused their credential (401/403), or whose backend "
+                "cannot be created, and that have not sent since: paused, their mail queued. "
+                "Absent as outbox_paused.",
+                len(control.get("paused_mailers", {})),
+            ),
         ]
     if limits:
         families += [

@@ -170,7 +170,25 @@ def _render_control(control: dict[str, Any], anyone: bool) -> list[str]:
         lines.append(
             "  " + _("%(domain)s: slowed down (its server answered 421/450)") % {"domain": domain}
         )
+    for mailer, paused in sorted(control.get("paused_mailers", {}).items()):
+        lines.append("  " + _mailer_pause_line(mailer, paused, control.get("read_at")))
     return lines
+
+
+def _mailer_pause_line(mailer: str, paused: dict[str, Any], now: float | None) -> str:
+    """One mailer paused because its ESP refused its credential: for how long, and why."""
+    name = _("mailer %(alias)r") % {"alias": mailer} if mailer else _("the default mailer")
+    left = None if now is None else paused["until"] - now
+    values = {"mailer": name, "count": paused["count"], "why": paused["why"]}
+    if left is not None and left > 0:
+        return (
+            _("%(mailer)s: PAUSED for %(left)ds more (%(count)d in a row): %(why)s")
+            % {**values, "left": max(1, round(left))}
+        )
+    return (
+        _("%(mailer)s: refused %(count)d times in a row, the next send tries again: %(why)s")
+        % values
+    )
 
 
 def _render_limits(limits: list[dict[str, Any]]) -> list[str]:

@@ -62,8 +62,12 @@ keys may be added; none is renamed or removed without a new ``version``):
         them), ``paused``, ``paused_since``, ``paused_domains`` and
         ``slow_domains`` (``{domain: Redis time}``: since when / held until),
         and ``lost_at`` (when a worker found them lost and restored what it
-        last saw; cleared by ``outbox_resume``); ``read_at``: Redis' time
-        when they were read, which those times compare with.
+        last saw; cleared by ``outbox_resume``); ``paused_mailers``
+        (``{mailer alias, "" for the default: {"until", "since" (Redis
+        times), "count" (pauses in a row), "why" (the ESP's refusal)}}``:
+        mailers whose ESP refused their credential, kept after the pause
+        ends until a send through the mailer succeeds); ``read_at``: Redis'
+        time when they were read, which those times compare with.
     ``rate_limits``
         One entry per configured limit (``outbox.queue.ratelimit.usage()``):
         ``{"key", "limit", "used" (sends in the current period),

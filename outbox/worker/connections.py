@@ -5,8 +5,9 @@ sent through that mailer's connection; every other email through the
 thread's default connection, as before mailers existed: for those the lookup
 is one test of an empty string.
 
-A mailer's connection is created the first time the thread sends one of its
-emails (``SEND_TIMEOUT`` applied by :func:`outbox.mail.mailers.get_connection`),
+A mailer's connection (and the default one, when the thread could not create
+it at its start: ``ImproperlyConfigured``, see ``process.py``) is created the
+first time the thread sends one of its emails (``SEND_TIMEOUT`` applied by :func:`outbox.mail.mailers.get_connection`),
 and then lives as long as the thread. Every connection, the default one
 included, follows the same rules:
 
@@ -55,16 +56,22 @@ class Connection:
 
 
 class Connections:
-    """The default connection (given) and the mailers' (created on first use)."""
+    """The default connection (given, or created on first use) and the mailers' (on first use)."""
 
-    def __init__(self, default: BaseEmailBackend, fence: Callable[[], bool] | None = None) -> None:
+    def __init__(
+        self, default: BaseEmailBackend | None, fence: Callable[[], bool] | None = None
+    ) -> None:
         self.fence = fence
-        self.default = Connection(default, fence)
+        self.default = None if default is None else Connection(default, fence)
+        self.owns_default = False  # created here: closed here for good, not by the thread's owner
         self.mailers: dict[str, Connection] = {}
 
     def get(self, mailer: str) -> Connection:
         """The connection of ``mailer`` (``""``: the default); raises if it cannot be created."""
         if not mailer:
+            if self.default is None:
+                self.default = Connection(get_connection(""), self.fence)
+                self.owns_default = True
             return self.default
         found = self.mailers.get(mailer)
         if found is None:
@@ -73,12 +80,17 @@ class Connections:
 
     def close_open(self) -> None:
         """Close every open connection (the thread is about to idle)."""
-        self.default.close()
+        if self.default is not None:
+            self.default.close()
         for connection in self.mailers.values():
             connection.close()
 
     def close_mailers(self) -> None:
-        """Close the mailers' connections for good (the thread stops; its owner closes the default)."""
-        for connection in self.mailers.values():
+        """Close the mailers' connections for good (the thread stops; its owner closes the
+        default, unless it was created here)."""
+        connections = list(self.mailers.values())
+        if self.owns_default and self.default is not None:
+            connections.append(self.default)
+        for connection in connections:
             close_quietly(connection.backend)
             connection.is_open = False

@@ -17,6 +17,12 @@ Two checks, each a small hook in the sender loop (``loop.py``):
   was not an attempt. If the UPDATE changes nothing, someone else settled the
   row meanwhile and nothing is pushed.
 
+A third hook, :meth:`Gate.settled`, sees each outcome: a mailer whose ESP
+refused its credential (``on_send_error``) is paused for all workers
+(``queue/control.py``, ``refuse``); the row that met the refusal is released
+(not an attempt), due when the pause ends, and the first success through the
+mailer afterwards ends it.
+
 With no limits configured and no switch set, :meth:`Gate.holds` does no
 Redis round trip and no query (the ratelimit module docstring says why the
 check sits here, and why the moment the row is ``processing`` while held
@@ -30,18 +36,19 @@ import logging
 from redis.exceptions import RedisError
 
 from ..conf import outbox_settings
-from ..mail.failures import http_failure
-from ..models import Delivery
+from ..mail.failures import configuration_refused, http_failure
+from ..models import Attempt, Delivery
 from ..queue import control, ratelimit
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry
 from . import sql
 from .host import WorkerHost
-from .outcomes import Started
+from .outcomes import Settlement, Started
 
 logger = logging.getLogger("outbox.worker")
 
 Status = Delivery.Status
+Outcome = Attempt.Outcome
 
 # Seconds a row waits when Redis could not be asked about its rate limit.
 REDIS_DOWN_DELAY = 1.0
@@ -70,7 +77,9 @@ class Gate:
         """Give ``started`` back if a switch or a limit holds it; True if it did."""
         delivery = started.delivery
         current, configured = self.worker.control.current, ratelimit.limits()
-        if not (configured or current.paused_domains or current.slow_domains):
+        if not (
+            configured or current.paused_domains or current.slow_domains or current.paused_mailers
+        ):
             return False  # the common case, once per email: nothing can hold it
         domain = ratelimit.domain_of(delivery.recipient)
         now = self.worker.clock.time()
@@ -107,8 +116,14 @@ class Gate:
         mail server as a whole, not one domain: then all sending (``"*"``) waits.
         An ESP's 429 or 503 with ``Retry-After`` is about the account: the
         email's mailer (``"mailer:<alias>"``; all sending for the default
-        backend) waits that long (``mail/failures.py``).
+        backend) waits that long (``mail/failures.py``). One that refused the
+        mailer's credential (401, 403), or a backend that cannot be created,
+        pauses that mailer (:meth:`pause_mailer`).
         """
+        why = configuration_refused(exc)
+        if why is not None:
+            self.pause_mailer(started.email.mailer, why)
+            return
         http = http_failure(exc)
         if http is not None and http.retry_after:
             mailer = started.email.mailer
@@ -129,3 +144,53 @@ class Gate:
         logger.warning(
             "the mail server asked to slow down (%s); holding %s for %.0fs", exc, domain, seconds
         )
+
+    def pause_mailer(self, mailer: str, why: str) -> None:
+        """Pause ``mailer`` for all workers (``queue/control.py``, ``refuse``); log a new pause."""
+        queue = self.worker.queue
+        try:
+            state, began = control.refuse(mailer, why, queue)
+        except RedisError as exc:
+            # Its rows are released anyway; the next refusal tries again.
+            logger.warning("could not pause %s (%s): %s", _mailer_name(mailer), exc, why)
+            return
+        self.worker.control.take(state, queue)  # this thread's next rows wait at once
+        paused = state.paused_mailers.get(mailer)
+        if began and paused is not None:
+            logger.error(
+                "%s paused for %.0fs (%d in a row): %s; its mail stays queued and is tried "
+                "again when the pause ends",
+                _mailer_name(mailer),
+                paused.until - paused.since,
+                paused.count,
+                why,
+            )
+
+    def settled(self, settlement: Settlement) -> Settlement:
+        """``settlement`` as a mailer's pause shapes it: a release waits for the pause's end,
+        and a success through a mailer that was paused ends its pause."""
+        mailer = settlement.started.email.mailer
+        paused = self.worker.control.current.paused_mailers.get(mailer)
+        if paused is None:
+            return settlement
+        if settlement.outcome == Outcome.RELEASED:
+            due = from_timestamp(paused.until)
+            if settlement.retry_at is None or settlement.retry_at < due:
+                settlement.retry_at = due
+        elif settlement.outcome == Outcome.SENT:
+            queue = self.worker.queue
+            try:
+                state, forgot = control.accepted(mailer, queue)
+            except RedisError as exc:
+                logger.warning("could not end the pause of %s (%s)", _mailer_name(mailer), exc)
+                return settlement
+            self.worker.control.take(state, queue)
+            if forgot:
+                logger.warning(
+                    "%s: its ESP took a message again; sending resumed", _mailer_name(mailer)
+                )
+        return settlement
+
+
+def _mailer_name(mailer: str) -> str:
+    return f"the mailer {mailer!r}" if mailer else "the default mailer"

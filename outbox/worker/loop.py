@@ -43,7 +43,7 @@ Outcome = Attempt.Outcome
 class SenderLoop:
     """The claim-mark-send-settle loop of one thread of a :class:`Worker`."""
 
-    def __init__(self, worker: WorkerHost, index: int, backend: BaseEmailBackend) -> None:
+    def __init__(self, worker: WorkerHost, index: int, backend: BaseEmailBackend | None) -> None:
         self.worker = worker
         self.index = index
         # The default connection (``backend``) and, created on first use, one per mailer.

@@ -12,8 +12,12 @@ in the same transaction as its Attempt row:
                "review"`` the row becomes ``abandoned`` for a person, exactly
                like a crash inside the send window, and is never resent
                automatically; under ``"requeue"`` it is retried.
-``released``   never handed over (the lease ran out first): back to ``queued``,
-               and the attempt does not count
+``released``   never handed over (the lease ran out first), or refused with
+               the mailer's configuration (its ESP answered 401/403, its
+               backend cannot be created: ``failures.configuration_refused``;
+               the mailer is paused, ``gate.py``): back to ``queued``, due at
+               once or when the mailer's pause ends, and the attempt does not
+               count
 ``cancelled``  never handed over: the staging valve stopped the copy
                (``outbox/mail/valve.py``); the attempt does not count
 
@@ -48,7 +52,14 @@ from ..db import refused_for_good, storable
 from ..exceptions import DeliveryError
 from ..mail import request
 from ..mail.connection import Server
-from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
+from ..mail.failures import (
+    FailureKind,
+    classify,
+    configuration_refused,
+    esp_answer,
+    http_failure,
+    refused_by_esp,
+)
 from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
 from ..operations import esp_evidence
 from ..queue.entries import QueueEntry
@@ -122,6 +133,10 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
         error = f"{error} (the ESP's answer: {answer})"
     error = storable(error[:2000])
     kind = classify(exc)
+    if kind is not FailureKind.AMBIGUOUS and configuration_refused(exc) is not None:
+        # Not this message's fault: no attempt burnt; due when the mailer's
+        # pause ends (gate.py, ``settled``).
+        return Settlement(started, Outcome.RELEASED, f"the mailer is paused: {error}"[:2000])
     if kind is FailureKind.AMBIGUOUS:
         error = f"in doubt: {error}"[:2000]
         if outbox_settings.ABANDONED_POLICY == "review":
@@ -211,7 +226,7 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         now=now,
         error=s.error,
         retry_at=s.retry_at,
-        not_before=now,  # released: due again at once
+        not_before=s.retry_at or now,  # released: due again at once, or after the mailer's pause
     )
     if not changed and attempt_logged(s):
         # A retry after a commit whose reply was lost: nothing to write again.

@@ -12,7 +12,9 @@ registration); this process then carries on as a new incarnation.
 ``concurrency`` sender threads each run a :class:`~outbox.worker.loop.SenderLoop`
 on their own delivery connection and database connection; one more thread
 writes the heartbeat. A sender thread that crashes stops the process, which
-then exits with status 1.
+then exits with status 1. A delivery backend that cannot be created
+(``ImproperlyConfigured``) is not a crash: its mailer is paused, its rows stay
+queued, and the other mailers go on (``gate.py``).
 
 An unreachable Redis or database makes the threads back off and wait; with
 ``give_up_after`` (``--give-up-after``, 30 s by default with ``--burst``) an
@@ -36,6 +38,7 @@ from dataclasses import replace
 from types import FrameType
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import connections
 from redis.exceptions import RedisError
@@ -265,7 +268,16 @@ class Worker:
     def _thread_main(self, index: int) -> None:
         backend: BaseEmailBackend | None = None
         try:
-            backend = get_delivery_connection()
+            try:
+                backend = get_delivery_connection()
+            except ImproperlyConfigured as exc:
+                # A setting the backend needs is missing (check outbox.E027 says
+                # which at start): the thread still runs, for the other mailers;
+                # the default one is created when its first row comes, and its
+                # failure then pauses that mailer (gate.py), burning no row.
+                logger.debug(
+                    "thread %d: the delivery backend cannot be created yet: %s", index, exc
+                )
             SenderLoop(self, index, backend).run()
         except Exception:
             logger.exception("sender thread crashed; stopping the worker")

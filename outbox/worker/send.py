@@ -50,10 +50,11 @@ KEEP_OPEN_SECONDS = 1.0
 class Sender:
     """One sender thread's mail connections and its sends."""
 
-    def __init__(self, worker: WorkerHost, gate: Gate, backend: BaseEmailBackend) -> None:
+    def __init__(self, worker: WorkerHost, gate: Gate, backend: BaseEmailBackend | None) -> None:
         self.worker = worker
         self.gate = gate  # told of send errors (slowed domains)
-        # The default connection (``backend``) and, created on first use, one per mailer.
+        # The default connection (``backend``; None: created on first use, see
+        # connections.py) and, created on first use, one per mailer.
         self.connections = Connections(backend, fence=self.may_hand_over)
         self.sending_as = worker.worker_id  # the incarnation the row being sent was marked under
         self.last_send = 0.0  # time.monotonic() when a send last ended
@@ -64,12 +65,14 @@ class Sender:
             link = self.connections.get(started.email.mailer)
             link.ensure_open()
         except Exception as exc:
-            # Cannot reach the mail server (or this host has no such mailer):
-            # nothing was handed over.
+            # Cannot reach the mail server, or the backend cannot be created
+            # (this host has no such mailer, a setting is missing: the mailer
+            # is paused): nothing was handed over.
             self.gate.on_send_error(started, exc, connecting=True)
-            return failure(started, exc, self.worker.clock.now())
+            return self.gate.settled(failure(started, exc, self.worker.clock.now()))
         server = handover_server(link.backend)
-        settlement = self.send(started, link.backend, server)
+        # A mailer whose ESP refused its credential is paused (gate.py).
+        settlement = self.gate.settled(self.send(started, link.backend, server))
         settlement.server = server
         self.last_send = time.monotonic()
         if settlement.outcome not in (Outcome.SENT, Outcome.CANCELLED):

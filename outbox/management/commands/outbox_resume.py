@@ -21,8 +21,10 @@ EXIT_UNAVAILABLE = 75
 class Command(BaseCommand):
     help = (
         "Resume sending after outbox_pause: workers claim again within BLOCK_TIMEOUT. "
-        "Without --domain this lifts the global pause (domain pauses stay) and clears the "
-        "'lost' mark outbox_status shows after Redis lost the switches."
+        "Without --domain this lifts the global pause (domain pauses stay), clears the "
+        "'lost' mark outbox_status shows after Redis lost the switches, and forgets the "
+        "pauses of mailers whose ESP refused their credential (rows already held for one "
+        "wait for its planned end)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
