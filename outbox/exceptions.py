@@ -42,6 +42,15 @@ class OutboxConfigurationError(OutboxError, ImproperlyConfigured):
     """The ``OUTBOX`` settings (or the cache they point at) are unusable."""
 
 
+class UnknownMailerError(OutboxConfigurationError):
+    """An email names a mailer this worker's host does not configure.
+
+    Its attempt fails as an unreachable server's does (retried, then
+    ``failed``). Unlike a backend that cannot be created, it does not pause
+    the mailer for every worker: the hosts whose settings name it can send.
+    """
+
+
 class DeliveryError(OutboxError):
     """Sending one delivery failed.
 

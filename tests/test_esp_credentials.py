@@ -23,6 +23,7 @@ from django.utils.module_loading import import_string
 
 from outbox import enqueue_email
 from outbox.mail.failures import FailureKind, classify, configuration_refused
+from outbox.mail.mailers import get_connection
 from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attempt, Delivery
 from outbox.queue import control
@@ -64,7 +65,8 @@ def fresh(esp: FakeESP, settings) -> None:
 def delivering(settings, default: str, bulk: str | None = None) -> None:
     """This process's settings as the workers': the default target, and the mailer "bulk"."""
     if HAS_MAILERS:
-        mailers = {**settings.MAILERS, "delivery": {"BACKEND": default}}
+        mailers = {a: m for a, m in settings.MAILERS.items() if a != "bulk"}
+        mailers["delivery"] = {"BACKEND": default}
         if bulk:
             mailers["bulk"] = {"BACKEND": bulk}
         settings.MAILERS = mailers
@@ -145,6 +147,10 @@ def test_a_backend_that_cannot_be_created_is_the_mailers_configuration(settings)
         import_string(POSTMARK_BACKEND)()
     why = configuration_refused(info.value)
     assert why is not None and "POSTMARK_SERVER_TOKEN" in why
+    # A mailer this host does not know is not paused for every host: it fails as before.
+    with pytest.raises(ImproperlyConfigured) as unknown:
+        get_connection("nowhere")
+    assert configuration_refused(unknown.value) is None
 
 
 # -- the check: before the worker starts -------------------------------------------
@@ -160,8 +166,9 @@ def test_e027_names_the_missing_setting_of_each_anymail_backend(esp, settings):
     del settings.ANYMAIL["POSTMARK_SERVER_TOKEN"]
     del settings.ANYMAIL["MAILGUN_API_KEY"]
     default, bulk = e027()
-    assert "POSTMARK_SERVER_TOKEN" in default and "delivery" in default
-    assert "the mailer 'bulk'" in bulk and "MAILGUN_API_KEY" in bulk
+    # anymail's own words: the ANYMAIL setting's name, or on 6.1 the MAILERS option's.
+    assert re.search("server_token", default, re.I) and "delivery" in default
+    assert "the mailer 'bulk'" in bulk and re.search("api_key", bulk, re.I)
     assert esp.requests == []  # created, never opened: no request
     # Only anymail's backends are created here.
     delivering(settings, "django.core.mail.backends.locmem.EmailBackend")
@@ -172,7 +179,7 @@ def test_the_worker_refuses_to_start_without_the_token(esp, settings, worker_pro
     [row] = enqueue_email("Hi", "Body", None, ["early@example.com"])
     code, output = burst(worker_process, **env(esp, OUTBOX_TEST_POSTMARK_TOKEN=""))
     assert code == 1, output
-    assert "outbox.E027" in output and "POSTMARK_SERVER_TOKEN" in output
+    assert "outbox.E027" in output and re.search("server_token", output, re.I)
     assert statuses([row]) == [(Status.QUEUED, 0)] and esp.requests == []
 
 
@@ -190,10 +197,10 @@ def test_a_backend_missing_its_setting_at_run_time_pauses_its_mailer_alone(
     assert statuses(bulk) == [(Status.SENT, 1)] * 2
     assert statuses(default) == [(Status.QUEUED, 0)] * 2
     [released] = Attempt.objects.filter(delivery__in=default)
-    assert released.outcome == Outcome.RELEASED and "POSTMARK_SERVER_TOKEN" in released.error
+    assert released.outcome == Outcome.RELEASED and re.search("server_token", released.error, re.I)
     assert len(re.findall(r"the default mailer paused for \d+s \(1 in a row\)", output)) == 1
     paused = control.state().paused_mailers[""]
-    assert "POSTMARK_SERVER_TOKEN" in paused.why
+    assert re.search("server_token", paused.why, re.I)
     # Due when the pause ends, not before.
     for row in Delivery.objects.filter(pk__in=[r.pk for r in default]):
         assert row.not_before.timestamp() >= paused.until - 0.01

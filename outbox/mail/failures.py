@@ -44,7 +44,8 @@ class name and status code, so neither library is imported
 the ESP answered 401 or 403 (its credential is missing, wrong or revoked,
 or the account may not send), or the backend could not be created at all
 (``ImproperlyConfigured``: anymail's ``AnymailConfigurationError`` when a
-setting such as ``POSTMARK_SERVER_TOKEN`` is missing). Not this message's
+setting such as ``POSTMARK_SERVER_TOKEN`` is missing; not
+``UnknownMailerError``, a mailer this host's settings lack). Not this message's
 fault, and no message of that mailer can go until someone fixes it: the
 worker releases the row (not an attempt) and pauses the mailer
 (``worker/gate.py``), instead of retrying the row into ``failed``.
@@ -62,7 +63,7 @@ from typing import Any
 
 from django.core.exceptions import ImproperlyConfigured
 
-from ..exceptions import AmbiguousDeliveryError, DeliveryError
+from ..exceptions import AmbiguousDeliveryError, DeliveryError, UnknownMailerError
 
 __all__ = [
     "PERMANENT_REFUSALS",
@@ -167,7 +168,10 @@ def configuration_refused(exc: BaseException) -> str | None:
     setting), or an ESP's 401/403 (module docstring). The text names the
     ESP's answer, for the log and the attempt's error.
     """
-    if any(isinstance(e, ImproperlyConfigured) for e in _chain(exc)):
+    chain = list(_chain(exc))
+    if any(isinstance(e, UnknownMailerError) for e in chain):
+        return None  # this host's settings lack the mailer; another host's may not
+    if any(isinstance(e, ImproperlyConfigured) for e in chain):
         return f"its backend cannot be used: {type(exc).__name__}: {exc}"
     names = {name for e in _chain(exc) for name in _class_names(e)}
     if not names & {"AnymailError", "RequestException", "BotoCoreError", "ClientError"}:

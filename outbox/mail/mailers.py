@@ -24,8 +24,12 @@ outbox itself: on 6.1 the ``"default"`` mailer usually is), is a
 **Resolved again when sending.** The worker reads its own settings when it
 opens a mailer's connection (:func:`get_connection`). A name the worker's
 host does not know fails that attempt as an unreachable server does: retried
-with backoff, then ``failed``, with the reason in the attempt log. Deploy the
-same mail settings to the hosts that enqueue and the hosts that send.
+with backoff, then ``failed``, with the reason in the attempt log
+(:class:`~outbox.exceptions.UnknownMailerError`). Deploy the
+same mail settings to the hosts that enqueue and the hosts that send. A
+backend that is configured but cannot be created (a missing setting:
+``ImproperlyConfigured``) burns no attempt: its mailer is paused
+(``worker/gate.py``).
 
 **Connections.** Each sender thread holds one connection per mailer it has
 used (``outbox/worker/connections.py``): opened on first use, each with
@@ -49,6 +53,7 @@ from django.core.mail.backends.base import BaseEmailBackend
 from django.utils.module_loading import import_string
 
 from ..conf import outbox_settings
+from ..exceptions import UnknownMailerError
 from .bounded import bounded_backend_class
 from .targets import (
     SMTP_BACKEND,
@@ -153,11 +158,11 @@ def get_connection(alias: str) -> BaseEmailBackend:
     backend: BaseEmailBackend
     if uses_mailers():
         if alias not in getattr(settings, "MAILERS", {}):
-            raise ImproperlyConfigured(f"the mailer {alias!r} is not in MAILERS on this host")
+            raise UnknownMailerError(f"the mailer {alias!r} is not in MAILERS on this host")
         backend = made_bounded(mail.mailers[alias], alias)
     else:
         if alias not in outbox_settings.BACKENDS:
-            raise ImproperlyConfigured(
+            raise UnknownMailerError(
                 f"the mailer {alias!r} is not in OUTBOX['BACKENDS'] on this host"
             )
         try:

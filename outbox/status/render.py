@@ -181,10 +181,10 @@ def _mailer_pause_line(mailer: str, paused: dict[str, Any], now: float | None) -
     left = None if now is None else paused["until"] - now
     values = {"mailer": name, "count": paused["count"], "why": paused["why"]}
     if left is not None and left > 0:
-        return (
-            _("%(mailer)s: PAUSED for %(left)ds more (%(count)d in a row): %(why)s")
-            % {**values, "left": max(1, round(left))}
-        )
+        return _("%(mailer)s: PAUSED for %(left)ds more (%(count)d in a row): %(why)s") % {
+            **values,
+            "left": max(1, round(left)),
+        }
     return (
         _("%(mailer)s: refused %(count)d times in a row, the next send tries again: %(why)s")
         % values
