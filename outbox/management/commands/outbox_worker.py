@@ -6,8 +6,9 @@ a :class:`~outbox.worker.supervisor.Supervisor` that runs N such commands as
 child processes instead.
 
 Exit status: 0 when stopped (SIGTERM, SIGINT, ``--burst`` done,
-``--max-messages`` reached); 1 when a system check fails (not migrated:
-outbox.E025) or a sender thread crashed; 2 for a wrong command line;
+``--max-messages`` reached; an ESP's refused credential only pauses its
+mailer); 1 when a system check fails (not migrated: outbox.E025; an ESP
+backend missing a setting: outbox.E027) or a sender thread crashed; 2 for a wrong command line;
 75 (:data:`~outbox.worker.outage.EXIT_UNAVAILABLE`) when it gave up on an
 unreachable Redis or database (``--give-up-after``); 130 after a second SIGINT.
 """
