@@ -25,8 +25,9 @@ and scripts stay legal on Redis Cluster:
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
 ``{p}:mirror-held``            hash: queued rows whose id sat in a live worker's
                                processing list at the last pass -> since when
-``{p}:control``                hash: the operator's pause switches and the domains
-                               slowed down by their servers (``control.py``)
+``{p}:control``                hash: the operator's pause switches, the domains
+                               slowed down by their servers and the mailers
+                               paused by their ESP's refusal (``control.py``)
 ``{p}:rate:<key>``, ``{p}:rate-held:<key>``
                                one rate limit's bucket and the ids holding its
                                reserved slots (``ratelimit.py``)

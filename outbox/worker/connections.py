@@ -7,8 +7,9 @@ is one test of an empty string.
 
 A mailer's connection (and the default one, when the thread could not create
 it at its start: ``ImproperlyConfigured``, see ``process.py``) is created the
-first time the thread sends one of its emails (``SEND_TIMEOUT`` applied by :func:`outbox.mail.mailers.get_connection`),
-and then lives as long as the thread. Every connection, the default one
+first time the thread sends one of its emails (``SEND_TIMEOUT`` applied by
+:func:`outbox.mail.mailers.get_connection`), and then lives as long as the
+thread. Every connection, the default one
 included, follows the same rules:
 
 - it is opened just before a send when it is not open, and the SMTP

@@ -8,7 +8,8 @@ Two checks, each a small hook in the sender loop (``loop.py``):
   sending them (``outbox/queue/control.py``);
 - **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
   (and its email's mailer) is now known. A paused domain, a domain slowed down
-  after a 421/450, or a rate limit with no free slot (its domain's, its
+  after a 421/450, a mailer paused after its ESP refused the credential, or a
+  rate limit with no free slot (its domain's, its
   mailer's or ``"*"``, taken together; ``outbox/queue/ratelimit.py``) holds the row:
   ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
   puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
@@ -167,8 +168,11 @@ class Gate:
             )
 
     def settled(self, settlement: Settlement) -> Settlement:
-        """``settlement`` as a mailer's pause shapes it: a release waits for the pause's end,
-        and a success through a mailer that was paused ends its pause."""
+        """``settlement``, shaped by its mailer's pause (the view this worker has of it).
+
+        A release is due when the pause ends; a success through a mailer that
+        was paused ends the pause, for every worker.
+        """
         mailer = settlement.started.email.mailer
         paused = self.worker.control.current.paused_mailers.get(mailer)
         if paused is None:
