@@ -237,13 +237,12 @@ def test_a_long_running_worker_tries_again_after_each_pause_and_a_fixed_token_le
     default, bulk = rows(settings, default=3, bulk=1)
     run = Run(worker_process("--concurrency", "2", **env(esp)))
     try:
-        refusals = lambda: [a for _to, a in esp.requests].count("401")  # noqa: E731
         # Paused (1 s), tried again, refused again: the next pause is longer.
-        wait_until(lambda: refusals() >= 2, 20)
+        wait_until(lambda: [a for _to, a in esp.requests].count("401") >= 2, 20)
         paused = wait_until(lambda: control.state().paused_mailers.get(""), 5)
         wait_until(lambda: control.state().paused_mailers[""].count >= 2, 10)
         assert statuses(bulk) == [(Status.SENT, 1)]
-        assert {s for s in statuses(default)} <= {(Status.QUEUED, 0), (Status.PROCESSING, 1)}
+        assert set(statuses(default)) <= {(Status.QUEUED, 0), (Status.PROCESSING, 1)}
         assert (
             Attempt.objects.filter(delivery__in=default).exclude(outcome=Outcome.RELEASED).count()
             == 0
