@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 import signal
+import time
 from collections.abc import Iterator
 
 import pytest
@@ -29,6 +30,7 @@ from outbox.models import Attempt, Delivery
 from outbox.queue import control
 from outbox.status import collect, render
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
+from tests.delivery import deliver, use_outbox
 from tests.esp import MAILGUN_BACKEND, POSTMARK_BACKEND, FakeESP, anymail_settings
 from tests.processes import Run
 from tests.servers import wait_until
@@ -259,3 +261,33 @@ def test_a_long_running_worker_tries_again_after_each_pause_and_a_fixed_token_le
     pauses = re.findall(r"the default mailer paused for \d+s \((\d+) in a row\)", output)
     assert pauses[:2] == ["1", "2"] and len(pauses) == len(set(pauses))  # once per pause
     assert output.count("the default mailer: its ESP took a message again; sending resumed") == 1
+
+
+def test_a_drop_in_messages_rows_are_released_together_and_sent_in_one_request_after_the_fix(
+    esp, settings
+):
+    """The rows of one ESP request (the claimed row and its companions) wait alike."""
+    use_outbox(settings, POSTMARK_BACKEND, MAILER_PAUSE=(0.5, 1.0))
+    esp.server_token = "rotated"
+    message = EmailMessage("Hi", "Body", "shop@example.com", ["a@example.com", "b@example.com"])
+    assert message.send(fail_silently=False) == 1
+    message = EmailMessage(
+        "Hi", "Body", "shop@example.com", ["c@example.com"], cc=["d@example.com"]
+    )
+    assert message.send() == 1
+    deliver()
+    found = list(Delivery.objects.order_by("pk"))
+    assert statuses(found) == [(Status.QUEUED, 0)] * 4
+    assert [a for _to, a in esp.requests] == ["401"]  # the second message waited: no request
+    paused = control.state().paused_mailers[""]
+    released = Attempt.objects.filter(outcome=Outcome.RELEASED)
+    assert sorted(a.delivery_id for a in released) == [d.pk for d in found[:2]]
+    for row in found:
+        assert row.not_before.timestamp() >= paused.until - 0.01
+    # Fixed: after the pause, each message goes in one request, and the pause is forgotten.
+    esp.server_token = TOKEN
+    wait_until(lambda: time.time() >= paused.until, 5)
+    deliver()
+    assert statuses(found) == [(Status.SENT, 1)] * 4
+    assert [a for _to, a in esp.requests] == ["401", "ok", "ok"]
+    assert control.state().paused_mailers == {}

@@ -170,18 +170,19 @@ class Gate:
     def settled(self, settlement: Settlement) -> Settlement:
         """``settlement``, shaped by its mailer's pause (the view this worker has of it).
 
-        A release is due when the pause ends; a success through a mailer that
-        was paused ends the pause, for every worker.
+        A release (the companions' in its ESP request too) is due when the
+        pause ends; a success through a mailer that was paused ends the pause,
+        for every worker.
         """
         mailer = settlement.started.email.mailer
         paused = self.worker.control.current.paused_mailers.get(mailer)
         if paused is None:
             return settlement
-        if settlement.outcome == Outcome.RELEASED:
-            due = from_timestamp(paused.until)
-            if settlement.retry_at is None or settlement.retry_at < due:
-                settlement.retry_at = due
-        elif settlement.outcome == Outcome.SENT:
+        due = from_timestamp(paused.until)
+        for one in (settlement, *settlement.companions):  # the rows of one ESP request
+            if one.outcome == Outcome.RELEASED and (one.retry_at is None or one.retry_at < due):
+                one.retry_at = due
+        if settlement.outcome == Outcome.SENT:
             queue = self.worker.queue
             try:
                 state, forgot = control.accepted(mailer, queue)
