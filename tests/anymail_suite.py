@@ -182,7 +182,7 @@ class OutboxAnymailMixin:
             )
 
 
-def test_classes(module: ModuleType) -> list[type]:
+def upstream_classes(module: ModuleType) -> list[type]:
     """The ``TestCase`` classes ``module`` defines that have tests of their own or inherited."""
     loader = unittest.TestLoader()
     return [

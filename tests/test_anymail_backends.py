@@ -18,7 +18,10 @@ stale. Any other failure is a difference from anymail alone.
 
 from __future__ import annotations
 
+import unittest
+
 import pytest
+from anymail.backends.postmark import EmailBackend as PostmarkBackend
 
 from tests import anymail_suite
 from tests.cells import only_in_cells
@@ -426,7 +429,7 @@ NOT_YET: dict[str, tuple[str, ...]] = {
 _CLASSES = [
     cls
     for esp in anymail_suite.ESPS
-    for cls in anymail_suite.test_classes(anymail_suite.upstream(esp))
+    for cls in anymail_suite.upstream_classes(anymail_suite.upstream(esp))
 ]
 
 
@@ -434,6 +437,23 @@ def test_every_listed_case_exists():
     """A stale entry in BY_DESIGN or NOT_YET would hide nothing and say something false."""
     assert not (set(BY_DESIGN) | set(NOT_YET)) - anymail_suite.names(_CLASSES)
     assert not set(BY_DESIGN) & set(NOT_YET)
+
+
+def test_a_send_around_the_outbox_fails():
+    """The harness's guard: an anymail backend made outside the worker fails the case, named."""
+    postmark = anymail_suite.upstream("postmark")
+
+    class AroundTheOutbox(postmark.PostmarkBackendMockAPITestCase):
+        def test_direct(self):
+            # The backend under test, made by the test itself: no outbox on the way.
+            PostmarkBackend(server_token="test_server_token").send_messages([self.message])
+
+    guarded = anymail_suite.case(AroundTheOutbox, expected_failures={}, module=__name__)
+    result = unittest.TestResult()
+    unittest.TestSuite([guarded("test_direct")]).run(result)
+    assert result.testsRun == 1
+    [(_test, trace)] = result.failures
+    assert "SentAroundTheOutbox: EmailBackend made outside the outbox's worker" in trace
 
 
 def test_vendored_release_is_installed():
