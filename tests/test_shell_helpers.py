@@ -26,10 +26,10 @@ def test_a_cells_expected_failures_are_counted_per_module(tmp_path):
     log = tmp_path / "log"
     log.write_text(
         "=========================== short test summary info ============================\n"
-        "XFAIL tests/test_a.py::Case::test_one\n"
-        "XFAIL tests/test_a.py::Case::test_two\n"
-        "XFAIL tests/test_b.py::test_three - why\n"
-        "FAILED tests/test_a.py::Case::test_four - Unexpected success\n"
+        "XFAIL suite/test_a.py::Case::test_one\n"
+        "XFAIL suite/test_a.py::Case::test_two\n"
+        "XFAIL suite/test_b.py::test_three - why\n"
+        "FAILED suite/test_a.py::Case::test_four - Unexpected success\n"
         "============= 1 failed, 3 xfailed in 1.00s =============\n"
     )
     function = subprocess.run(
@@ -41,8 +41,8 @@ def test_a_cells_expected_failures_are_counted_per_module(tmp_path):
         cwd=ROOT, capture_output=True, text=True, check=True, timeout=30,
     ).stdout  # fmt: skip
     assert out.splitlines()[1:] == [
-        "FAILED tests/test_a.py::Case::test_four - Unexpected success",
-        "XFAIL [2] tests/test_a.py: expected failures, listed in the module",
-        "XFAIL [1] tests/test_b.py: expected failures, listed in the module",
+        "FAILED suite/test_a.py::Case::test_four - Unexpected success",
+        "XFAIL [2] suite/test_a.py: expected failures, listed in the module",
+        "XFAIL [1] suite/test_b.py: expected failures, listed in the module",
         "============= 1 failed, 3 xfailed in 1.00s =============",
     ]
