@@ -22,6 +22,10 @@ from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
 
+# django-anymail's own tests, vendored unchanged: they run through the outbox, by
+# tests/test_anymail_backends.py, never on their own.
+collect_ignore = ["anymail_upstream"]
+
 # A failing example is printed with the blob that replays it (@reproduce_failure):
 # a failure seen once in CI can be run again here.
 hypothesis_settings.register_profile("outbox", print_blob=True)

@@ -122,6 +122,11 @@ class DeliveringOutboxBackend(OutboxBackend):
         return count
 
 
+def delivering() -> bool:
+    """Whether a :class:`DeliveringOutboxBackend` is queueing or delivering right now."""
+    return _delivering > 0
+
+
 def deliver_queued() -> None:
     before = set(Delivery.objects.exclude(status="queued").values_list("pk", flat=True))
     status = Worker(burst=True).run(install_signal_handlers=False)

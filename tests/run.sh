@@ -141,9 +141,18 @@ running_cells() {
 
 # without_expected_skips LOG: the log with pytest's SKIPPED lines (-ra) for modules kept
 # to other cells (tests/cells.py, the chaos run) replaced by one line that counts them;
-# other skips (a missing tool, say) are kept, one line per reason with its count.
+# other skips (a missing tool, say) are kept, one line per reason with its count. XFAIL
+# lines (the listed expected failures, e.g. tests/test_anymail_backends.py) are counted
+# per module; an unexpected success is a failure and is printed as one.
 without_expected_skips() {
   awk '
+    /^XFAIL [^ ]+::/ {
+      module = $2
+      sub(/::.*/, "", module)
+      if (!(module in xfailed)) xorder[++xkinds] = module
+      xfailed[module]++
+      next
+    }
     /^SKIPPED \[[0-9]+\] / {
       n = substr($2, 2, length($2) - 2) + 0
       reason = $0
@@ -156,6 +165,8 @@ without_expected_skips() {
     }
     /^=+ .*(passed|failed|error|skipped|no tests ran).* =+$/ && !done {
       if (by_cell) printf "%d skipped: their modules run in other cells (tests/cells.py)\n", by_cell
+      for (i = 1; i <= xkinds; i++)
+        printf "XFAIL [%d] %s: expected failures, listed in the module\n", xfailed[xorder[i]], xorder[i]
       for (i = 1; i <= kinds; i++)
         printf "SKIPPED [%d] %s %s\n", other[order[i]], where[order[i]], order[i]
       done = 1
