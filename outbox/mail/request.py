@@ -89,7 +89,12 @@ def request_message(
     to = [a for a in written_to if bare_address(a) in ours]
     cc = [a for a in written_cc if bare_address(a) in ours and a not in to]
     to_set, cc_set = address_set(written_to), address_set(written_cc)
-    bcc = [d.recipient for d in deliveries if placement(d.recipient, to_set, cc_set) == "bcc"]
+    # The rows were written in the caller's order (to, cc, bcc): Bcc in that order too.
+    bcc = [
+        d.recipient
+        for d in sorted(deliveries, key=lambda d: d.pk)
+        if placement(d.recipient, to_set, cc_set) == "bcc"
+    ]
     return rebuild(email, attachments, to=to, cc=cc, bcc=bcc)
 
 
