@@ -1,4 +1,4 @@
-"""outbox/compat/: the only uses of what Django and Python's email keep private.
+"""outbox/compat/: the only uses of what Django, Python's email and anymail keep private.
 
 Each test here fails loudly, naming what changed, on a library version that no
 longer does what a module of ``outbox/compat/`` relies on; run in every cell of
@@ -14,6 +14,7 @@ import ast
 import email
 import email.policy
 import inspect
+from decimal import Decimal
 from email.message import Message
 from email.mime.base import MIMEBase
 from email.mime.text import MIMEText
@@ -21,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from django.contrib.admin import AdminSite
+from django.core.mail import EmailMessage
 from django.db.models.base import ModelState
 from django.test import RequestFactory
 from django.urls import URLPattern, path
@@ -245,3 +247,25 @@ def test_the_check_finds_each_kind_of_private_use(source):
 def test_the_check_leaves_public_and_own_names_alone():
     source = "self._x = 1\nos._exit(1)\nrow._replace(a=1)\nModel._meta.fields\nobj._mine()\n"
     assert _private_uses(source, "<probe>", own={"_mine"}) == []
+
+
+def test_anymails_payload_build_checks_a_message_without_a_request(settings):
+    """outbox.compat.anymail: build_message_payload and serialize_data, as anymail 15 has them."""
+    from anymail.backends.postmark import EmailBackend as Postmark
+    from anymail.exceptions import AnymailSerializationError, AnymailUnsupportedFeature
+
+    from outbox.compat.anymail import check_message
+
+    settings.ANYMAIL = {"POSTMARK_SERVER_TOKEN": "tests-only"}
+    backend = Postmark()
+    fine = EmailMessage("s", "b", "from@example.com", ["to@example.com"])
+    check_message(backend, fine)
+    two_tags = EmailMessage("s", "b", "from@example.com", ["to@example.com"])
+    two_tags.tags = ["a", "b"]  # type: ignore[attr-defined]
+    with pytest.raises(AnymailUnsupportedFeature):
+        check_message(backend, two_tags)
+    not_json = EmailMessage("s", "b", "from@example.com", ["to@example.com"])
+    not_json.metadata = {"total": Decimal("1.50")}  # type: ignore[attr-defined]
+    with pytest.raises(AnymailSerializationError):
+        check_message(backend, not_json)
+    assert not hasattr(fine, "anymail_status")  # the caller's message is left as it was

@@ -127,7 +127,7 @@ class OutboxBackend(BaseEmailBackend):
                     mailer=self.mailer,
                 )
                 prepared.append((message, one))
-            except (ValidationError, TypeError) as exc:
+            except (ValidationError, TypeError, ValueError) as exc:  # anymail's own checks too
                 if not self.fail_silently:
                     raise
                 logger.warning("not queueing an invalid email %r: %s", message.subject, exc)

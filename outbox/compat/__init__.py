@@ -1,4 +1,4 @@
-"""The outbox's only uses of what Django, Python's email/smtplib and redis-py keep private.
+"""The outbox's only uses of what Django, Python's email/smtplib, redis-py and anymail keep private.
 
 One module per library, each for a use that has no public way, or whose
 public way costs much more where it counts; each use is written down next to

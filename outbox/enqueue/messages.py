@@ -22,11 +22,13 @@ from datetime import datetime
 from email.utils import getaddresses, parseaddr
 from typing import Any
 
+from django.core.exceptions import ImproperlyConfigured, ValidationError
 from django.core.mail import EmailMessage
 from django.utils.translation import gettext as _
 
+from ..compat.anymail import check_message
 from ..conf import outbox_settings
-from ..mail.mailers import delivers_through_anymail
+from ..mail.mailers import delivers_through_anymail, get_connection
 from ..mail.structure import describe, schedule, text
 from ..validation import (
     MAX_ADDRESS_LENGTH,
@@ -55,6 +57,17 @@ def prepare_message(
     """
     mailer = check_mailer(mailer)
     anymail = delivers_through_anymail(mailer)
+    try:
+        return _prepare(message, priority, max_attempts, mailer, anymail)
+    except (ValidationError, TypeError):
+        if anymail:
+            _check_as_anymail(message, mailer)  # anymail's own words, when it refuses too
+        raise
+
+
+def _prepare(
+    message: EmailMessage, priority: str, max_attempts: int | None, mailer: str, anymail: bool
+) -> Prepared:
     to = _addresses("to", message.to)
     cc = _addresses("cc", message.cc)
     bcc = _addresses("bcc", message.bcc)
@@ -73,8 +86,9 @@ def prepare_message(
     require_type("body", body, str, "a string")
     check_text("subject", subject, single_line=True)
     check_text("body", body, single_line=False)
-    for value in message.reply_to or ():
-        _address_list("reply_to", value)
+    if not anymail:  # anymail parses reply_to by its own rule, in the worker's build
+        for value in message.reply_to or ():
+            _address_list("reply_to", value)
     _check_headers(message.extra_headers)
     _build_as_django(message, anymail)
     described = describe(message, to, cc)
@@ -101,6 +115,25 @@ def prepare_message(
         message_id=_message_id(message.extra_headers),
         send_at=stored_moment(schedule(described.structure)),
     )
+
+
+def _check_as_anymail(message: EmailMessage, mailer: str) -> None:
+    """Refuse ``message`` as anymail would, if anymail refuses it too.
+
+    When the outbox cannot take a message whose mailer is anymail's (a value
+    its JSON cannot store, say), anymail's own build of the request is asked
+    (:mod:`outbox.compat.anymail`): if it refuses the message as well, its
+    exception is raised (``AnymailSerializationError``, ...), as anymail alone
+    would raise it at ``send()``. The build runs on this path only: anymail's
+    other checks of a message run in the worker, where the row ends ``failed``
+    with anymail's words. A backend this host cannot create (its credential
+    is only on the workers' hosts) checks nothing.
+    """
+    try:
+        backend = get_connection(mailer)
+    except ImproperlyConfigured:
+        return
+    check_message(backend, message)
 
 
 def _address(field: str, value: Any) -> str:

@@ -124,8 +124,10 @@ def is_permanent(exc: BaseException) -> bool:
         return 500 <= exc.smtp_code < 600
     if isinstance(exc, smtplib.SMTPException | OSError):
         return False
-    # Django raises ValueError for an address it cannot encode or parse.
-    return isinstance(exc, ValueError | UnicodeError)
+    # Django raises ValueError for an address it cannot encode or parse; a
+    # backend's TypeError is a value of the message it cannot send (anymail's
+    # AnymailSerializationError): the same message would fail again.
+    return isinstance(exc, ValueError | UnicodeError | TypeError)
 
 
 def classify(exc: BaseException) -> FailureKind:

@@ -131,6 +131,8 @@ def describe(message: EmailMessage, to: list[str], cc: list[str]) -> Described:
 def _header_value(value: Any) -> Any:
     if isinstance(value, datetime):
         return {"datetime": value.isoformat()}
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value  # JSON keeps it: anymail sends a number as a number
     return value if isinstance(value, str) else str(value)
 
 
