@@ -17,10 +17,39 @@ from django.db.models import Model
 _M = TypeVar("_M", bound=Model)
 _R = TypeVar("_R", bound=NamedTuple)
 
-# What the database says about the values of a write, not about the connection:
-# the same write refused again, however often it is retried (a value too long
-# for its column, a NUL in a text, a constraint or a trigger that refuses it).
-# Django raises these for psycopg's and sqlite3's own classes of the same names.
+# Errors the database raises about itself, the session or the connection, never
+# about a write: the same write may pass once the cause is gone, so it is
+# retried. Everything else a database raises is about the write (a value too
+# long, a NUL, a constraint, a site's trigger or rule, whatever its code) and
+# refused again however often it is retried (``refused_for_good``).
+# PostgreSQL's SQLSTATE classes (its manual, appendix A):
+RETRIED_SQLSTATE_CLASSES = frozenset(
+    {
+        "08",  # the connection: lost, refused, a pooler's protocol error
+        "0A",  # "cached plan must not change result type" after a migration
+        "25",  # a read-only transaction: a failover to a standby not yet promoted
+        "26",  # a prepared statement a pooler's new server connection lacks
+        "28",  # authentication on reconnecting (a password being rotated)
+        "3D",  # a database not there yet (being restored)
+        "40",  # a serialization failure or a deadlock: retry, says PostgreSQL
+        "42",  # a table, column, function or grant missing: a deployment half done
+        "53",  # out of disk, memory or connections
+        "55",  # a lock timeout (55P03), an object in use
+        "57",  # a statement timeout or cancel (57014), the server shutting down (57P)
+        "58",  # an I/O error of the server
+        "XX",  # the server's own internal error
+    }
+)
+# SQLite's primary result codes of the same kind (sqlite3's ``sqlite_errorcode``,
+# whose low byte it is): the plain error of a missing table or column (SQLITE_ERROR,
+# as class 42 above), no permission, an abort, busy and locked, out of memory, a
+# read-only or unopenable file, an interrupt, I/O, corruption, a full disk, the
+# locking protocol, a schema changed, not a database. Left to refusals: a constraint
+# or a trigger's RAISE (SQLITE_CONSTRAINT, ``IntegrityError``), a value too big, a
+# type mismatch, a site's authorizer (SQLITE_AUTH), and any code not listed.
+RETRIED_SQLITE_CODES = frozenset({1, 3, 4, 5, 6, 7, 8, 9, 10, 11, 13, 14, 15, 17, 26})
+# Without a code (an error of the client library or of Django itself), only these
+# are about the write; Django raises them for psycopg's and sqlite3's own classes.
 REFUSED_FOR_GOOD = (DataError, IntegrityError)
 _CONCRETE: dict[type[Model], tuple[str, ...]] = {}
 
@@ -123,13 +152,28 @@ rows_by_name = RowReader()
 
 
 def refused_for_good(exc: BaseException) -> bool:
-    """Whether retrying the write that raised ``exc`` cannot help (see ``REFUSED_FOR_GOOD``).
+    """Whether retrying the write that raised ``exc`` cannot help: the database refuses it.
 
-    Every other ``DatabaseError`` (``OperationalError``, ``InterfaceError``, and
-    ``InternalError`` or ``ProgrammingError``, which a failed-over server, a
-    pooler or a deployment half done also raise) is treated as the connection's,
-    and retried.
+    Read from the code the database gave, not from Django's class for it (a
+    trigger's plain ``RAISE EXCEPTION``, SQLSTATE P0001, is a
+    ``ProgrammingError`` with psycopg 3 and an ``InternalError`` with
+    psycopg 2): a ``DatabaseError`` is refused for good unless its code is
+    the connection's, the session's or the server's (``RETRIED_SQLSTATE_CLASSES``,
+    ``RETRIED_SQLITE_CODES``). A code of a site's own (``RAISE ... USING ERRCODE
+    = 'XY001'``) is a refusal too. Without a code (the client library's own
+    errors: a connection closed, an interface error) only ``REFUSED_FOR_GOOD``
+    is; the rest is retried.
     """
+    if not isinstance(exc, DatabaseError):
+        return False
+    # Django's wrapper keeps the driver's exception as __cause__ (documented).
+    cause = exc.__cause__ if exc.__cause__ is not None else exc
+    sqlstate = getattr(cause, "sqlstate", None) or getattr(cause, "pgcode", None)  # psycopg 3, 2
+    if isinstance(sqlstate, str) and len(sqlstate) == 5:
+        return sqlstate[:2].upper() not in RETRIED_SQLSTATE_CLASSES
+    sqlite_code = getattr(cause, "sqlite_errorcode", None)
+    if isinstance(sqlite_code, int):
+        return sqlite_code & 0xFF not in RETRIED_SQLITE_CODES
     return isinstance(exc, REFUSED_FOR_GOOD)
 
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
+import sys
 import threading
 import time
 from datetime import datetime, timedelta
@@ -11,6 +13,7 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.contrib.auth.models import Group
 from django.core.exceptions import ValidationError
 from django.core.mail import EmailMessage, EmailMultiAlternatives
 from django.db import connection, connections, transaction
@@ -22,6 +25,7 @@ from outbox.mail.message_id import make_message_id
 from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
+from tests.servers import wait_until
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -397,6 +401,112 @@ def test_idempotency_under_a_race_of_differently_written_addresses(queue):
     assert not errors
     assert Delivery.objects.count() == 1 and len(set(results)) == 1
     assert ready_ids(queue) == results[:1]
+
+
+# The one way in for a sender's own Message-ID (enqueue_email refuses the header),
+# for one recipient (the case where the sender's ID is kept as it is): the drop-in
+# backend, through each write path (on PostgreSQL, an attachment takes the ORM's).
+OWN_MESSAGE_ID_SENDS = {"the drop-in backend": [], "with an attachment": [("a.txt", "x", None)]}
+
+
+def drop_in_send(message_id: str, attachments: list[tuple[str, str, None]]) -> Delivery:
+    message = EmailMessage(
+        "s",
+        "b",
+        None,
+        ["customer@example.com"],
+        headers={"Message-ID": message_id},
+        attachments=attachments,
+    )
+    assert OutboxBackend().send_messages([message]) == 1
+    return Delivery.objects.latest("pk")  # this caller's: the other's, if any, came first
+
+
+def waiting_in_the_database(thread: threading.Thread, backend_pid: dict[str, int]) -> bool:
+    """Whether ``thread`` waits for the database: a lock (PostgreSQL), the write lock (SQLite)."""
+    if connection.vendor == "postgresql":
+        if "second" not in backend_pid:
+            return False
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                [backend_pid["second"]],
+            )
+            row = cursor.fetchone()
+        return row is not None and row[0] == "Lock"
+    # SQLite: in the driver's call that begins its transaction, in the busy
+    # handler, where BEGIN IMMEDIATE waits for the first transaction's write lock.
+    frame = sys._current_frames().get(thread.ident or 0)
+    return (
+        frame is not None
+        and frame.f_code.co_filename.endswith(os.path.join("sqlite3", "base.py"))
+        and str(frame.f_locals.get("query", "")).startswith("BEGIN")
+    )
+
+
+@pytest.mark.parametrize(
+    "attachments", OWN_MESSAGE_ID_SENDS.values(), ids=OWN_MESSAGE_ID_SENDS.keys()
+)
+def test_two_concurrent_sends_of_one_message_id_both_commit_as_if_one_after_the_other(
+    attachments, queue
+):
+    """Each caller sends in its transaction beside its own row; the first holds it open.
+
+    Before, on PostgreSQL the second caller's insert waited for the first and
+    then raised IntegrityError (outbox_delivery_message_id_uniq) inside its
+    transaction, losing its own row too. On SQLite the second waits for the
+    write lock before it looks, and finds the ID taken.
+    """
+    message_id = "<order-42@shop.example>"
+    first_sent, second_waits = threading.Event(), threading.Event()
+    backend_pid: dict[str, int] = {}
+    sent: dict[str, Delivery] = {}
+    errors: dict[str, BaseException] = {}
+
+    def caller(name: str) -> None:
+        try:
+            with transaction.atomic():
+                if connection.vendor == "postgresql":
+                    with connection.cursor() as cursor:
+                        cursor.execute("SELECT pg_backend_pid()")
+                        backend_pid[name] = cursor.fetchone()[0]
+                Group.objects.create(name=f"{name} caller's own row")
+                sent[name] = drop_in_send(message_id, attachments)
+                if name == "first":
+                    first_sent.set()
+                    # Open until the second has tried: it waits on this transaction.
+                    assert second_waits.wait(20)
+        except BaseException as exc:
+            errors[name] = exc
+        finally:
+            first_sent.set()
+            connection.close()
+
+    first = threading.Thread(target=caller, args=("first",))
+    first.start()
+    assert first_sent.wait(20)
+    second = threading.Thread(target=caller, args=("second",))
+    second.start()
+    try:
+        wait_until(lambda: waiting_in_the_database(second, backend_pid), 20)
+    finally:
+        second_waits.set()
+        first.join(30)
+        second.join(30)
+    assert errors == {}
+    # Both callers' own work committed, with their mail.
+    assert set(Group.objects.values_list("name", flat=True)) == {
+        "first caller's own row",
+        "second caller's own row",
+    }
+    rows = {name: Delivery.objects.get(pk=d.pk) for name, d in sent.items()}
+    # The first keeps the sender's ID; the second gets what a second send gets
+    # (tests/test_drop_in.py, test_a_reused_message_id_gets_a_unique_one).
+    assert rows["first"].message_id == message_id
+    assert re.fullmatch(r"<order-42\.[0-9a-f]{32}@shop\.example>", rows["second"].message_id)
+    assert sent["second"].message_id == rows["second"].message_id
+    assert Email.objects.count() == 2  # no email left without its delivery
+    assert sorted(ready_ids(queue)) == sorted(d.pk for d in rows.values())
 
 
 def test_every_enqueue_path_writes_the_normalised_address(queue):

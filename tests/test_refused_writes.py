@@ -6,7 +6,8 @@ test database. The database's refusals are real: a recipient whose IDNA form
 is longer than the suppression list's column (PostgreSQL raises DataError;
 SQLite does not enforce a varchar's length and stores it), and triggers that
 refuse one row's write as a constraint would (``DataError`` on PostgreSQL,
-``IntegrityError`` on SQLite). In every case the row is settled, the operator
+``IntegrityError`` on SQLite), or as a site's own trigger does (a plain
+``RAISE EXCEPTION``, or a code of its own). In every case the row is settled, the operator
 is told, and the same thread sends the next message.
 """
 
@@ -41,18 +42,22 @@ def smtp() -> Iterator[SMTPRecorder]:
 
 
 @pytest.fixture
-def refusing() -> Iterator[Callable[[str, str, str], None]]:
-    """Install a trigger that refuses writes to a table matching a condition, as a constraint would."""
+def refusing() -> Iterator[Callable[..., None]]:
+    """Install a trigger that refuses writes to a table matching a condition.
+
+    On PostgreSQL it raises ``code`` ("22001", a value too long, as a
+    constraint would, by default; None: a plain ``RAISE EXCEPTION``, P0001).
+    """
     installed: list[tuple[str, str]] = []
 
-    def install(table: str, when: str, timing: str) -> None:
+    def install(table: str, when: str, timing: str, code: str | None = "22001") -> None:
         name = f"refuse_{len(installed)}"
         with connection.cursor() as cursor:
             if connection.vendor == "postgresql":
+                using = "" if code is None else f" USING ERRCODE = '{code}'"
                 cursor.execute(
                     f"CREATE FUNCTION {name}() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN "
-                    f"RAISE EXCEPTION 'value too long for this test' USING ERRCODE = '22001'; "
-                    f"END $$"
+                    f"RAISE EXCEPTION 'value too long for this test'{using}; END $$"
                 )
                 cursor.execute(
                     f"CREATE TRIGGER {name} {timing} ON {table} FOR EACH ROW "
@@ -176,6 +181,48 @@ def test_a_success_whose_sent_write_is_refused_is_abandoned_and_never_sent_again
     assert abandoned.last_error.startswith(
         f"accepted by the mail server (Message-ID {row.message_id})"
     )
+    assert smtp.by_message_id()[row.message_id] == 1
+    assert f"delivery {row.pk} (Message-ID {row.message_id}): the database refused" in output
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite's RAISE() has one code: the test above"
+)
+@pytest.mark.parametrize(
+    "code", [None, "OB001"], ids=["a plain RAISE EXCEPTION (P0001)", "a code of the site's own"]
+)
+def test_a_site_trigger_refusing_sent_with_any_code_is_a_refusal_and_the_thread_goes_on(
+    worker_process, smtp, refusing, code
+):
+    """The issue's case: a trigger's plain exception on the change to `sent`.
+
+    Before, the thread retried the write for ever (P0001 is psycopg's
+    ProgrammingError, a code of the site's own its DatabaseError): the row
+    stayed `processing` and the next message was never sent.
+    """
+    refusing(
+        Delivery._meta.db_table,
+        "NEW.status = 'sent' AND NEW.recipient = 'audited@example.com'",
+        "BEFORE UPDATE",
+        code,
+    )
+    [row] = enqueue_email("Hi", "Body", "shop@example.com", ["audited@example.com"])
+    proc = start(worker_process, smtp)
+    try:
+        wait_until(lambda: settled(row.pk), 20)
+    except AssertionError:
+        proc.kill()
+        assert proc.stdout is not None
+        raise AssertionError(f"the row stayed processing:\n{proc.stdout.read()}") from None
+    the_thread_sends_the_next(proc)
+    output = stop(proc)
+    abandoned = Delivery.objects.get(pk=row.pk)
+    # As for any success the database will not record: the server has it, a person decides.
+    assert abandoned.status == Status.ABANDONED
+    assert abandoned.last_error.startswith(
+        f"accepted by the mail server (Message-ID {row.message_id})"
+    )
+    assert "value too long for this test" in abandoned.last_error
     assert smtp.by_message_id()[row.message_id] == 1
     assert f"delivery {row.pk} (Message-ID {row.message_id}): the database refused" in output
 

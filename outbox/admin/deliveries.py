@@ -102,8 +102,8 @@ class DeliveryAdmin(admin.ModelAdmin):
     # Shows the search box; what a term matches is search_condition's.
     search_fields = ("recipient_key", "message_id")
     search_help_text = _(
-        "Search by a recipient's whole address, in any case or form (bob@example.com, "
-        "Bob <BOB@Example.com>), by the start of one (bob, bob@exa), or by a whole "
+        "Search by a recipient's address or any start of it, in any case or form "
+        "(bob@example.com, Bob <BOB@Example.com>, bob, bob@exa), or by a whole "
         "Message-ID (<id@host>, brackets optional). Subjects are not searched here."
     )
     ordering = ("-id",)
@@ -304,23 +304,29 @@ class DeliveryAdmin(admin.ModelAdmin):
 def search_condition(term: str) -> Q | None:
     """What the delivery list's search matches, each through an index; None: no search.
 
-    A whole address matches ``recipient_key`` exactly (the normalised form,
-    so any case and "Name <address>" find the same rows), and the same term
-    is tried as a Message-ID, with and without its angle brackets (the unique
-    index on ``message_id``). Anything else is the start of an address, a
-    prefix match on ``recipient_key`` (its index is ``varchar_pattern_ops``).
-    A substring (``icontains``) of the recipient, the Message-ID or the
-    subject, as the search once was, reads every row: 11 s at 5 million.
+    The term, normalised as ``recipient_key`` is (lower case, "Name <address>"
+    read as its address, a non-ASCII domain in its IDNA form), matches every
+    row whose ``recipient_key`` starts with it: a whole address, or any start
+    of one, with or without the domain's start (``bob``, ``bob@``, ``bob@exa``,
+    ``Bob@Example.c``), a prefix match its index answers (``varchar_pattern_ops``).
+    A Unicode domain is compared in its IDNA form, so its last label is matched
+    whole (``bob@bücher`` finds ``bob@bücher.de``, ``bob@büch`` does not; its
+    IDNA form's start, ``bob@xn--bch``, does). A term of the form ``left@right``
+    is also tried as a Message-ID, with and without its angle brackets (the
+    unique index on ``message_id``). A substring (``icontains``) of the
+    recipient, the Message-ID or the subject, as the search once was, reads
+    every row: 11 s at 5 million.
     """
     term = term.strip()
     if not term:
         return None
     key = bare_address(term)
-    local, at, domain = key.rpartition("@")
-    if not (at and local and domain):
-        return Q(recipient_key__startswith=key)
-    message_id = term.strip("<>")
-    return Q(recipient_key=key) | Q(message_id__in=[message_id, f"<{message_id}>"])
+    where = Q(recipient_key__startswith=key)
+    left, at, right = term.strip("<>").rpartition("@")
+    if at and left and right:
+        message_id = term.strip("<>")
+        where |= Q(message_id__in=[message_id, f"<{message_id}>"])
+    return where
 
 
 def skip_reasons(skipped: Counter[str]) -> str:

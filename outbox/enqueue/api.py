@@ -15,12 +15,12 @@ transaction, and push ids to Redis only after the commit.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import connections, router, transaction
+from django.db import IntegrityError, connections, router, transaction
 from django.utils import timezone
 
 from .. import signals
@@ -42,6 +42,8 @@ logger = logging.getLogger("outbox.enqueue")
 
 # Chunk size of `recipient__in` look-ups (SQLite limits query parameters).
 _IN_CHUNK = 500
+
+_T = TypeVar("_T")
 
 
 def enqueue_email(
@@ -276,33 +278,44 @@ def write_one(p: Prepared) -> list[Delivery]:
                 )
                 for f in p.attachments
             )
-        message_ids = _message_ids(p, len(missing), domain, using)
-        rows = [
-            Delivery(
-                email=email,
-                recipient=recipient,
-                recipient_key=key,
-                status=Delivery.Status.CANCELLED if why else Delivery.Status.QUEUED,
-                last_error=why,
-                priority=p.priority,
-                max_attempts=p.max_attempts,
-                not_before=not_before,
-                expires_at=p.expires_at,
-                message_id=message_id,
-                idempotency_key=p.idempotency_key,
-                created_at=now,
-                updated_at=now,
-            )
-            for (key, recipient), message_id in zip(missing, message_ids, strict=True)
-            for why in [stopped.get(key, "")]
-        ]
+
+        def deliveries(message_ids: list[str]) -> list[Delivery]:
+            return [
+                Delivery(
+                    email=email,
+                    recipient=recipient,
+                    recipient_key=key,
+                    status=Delivery.Status.CANCELLED if why else Delivery.Status.QUEUED,
+                    last_error=why,
+                    priority=p.priority,
+                    max_attempts=p.max_attempts,
+                    not_before=not_before,
+                    expires_at=p.expires_at,
+                    message_id=message_id,
+                    idempotency_key=p.idempotency_key,
+                    created_at=now,
+                    updated_at=now,
+                )
+                for (key, recipient), message_id in zip(missing, message_ids, strict=True)
+                for why in [stopped.get(key, "")]
+            ]
+
         if p.idempotency_key is None:
-            created = Delivery.objects.using(using).bulk_create(rows)
+            created = _with_message_ids(
+                p,
+                len(missing),
+                domain,
+                using,
+                lambda ids: Delivery.objects.using(using).bulk_create(deliveries(ids)),
+            )
         else:
             # A concurrent call with the same key may insert the same
             # (key, recipient_key) first: ON CONFLICT DO NOTHING waits for it
             # and skips (the unique constraint outbox_delivery_idempotency_key),
             # and the re-read below returns whichever row won.
+            # (A sender's own Message-ID comes only from the drop-in backend,
+            # which has no key: these IDs are all ours, unique.)
+            rows = deliveries(_message_ids(p, len(missing), domain, using))
             Delivery.objects.using(using).bulk_create(rows, ignore_conflicts=True)
             existing = _existing(using, p.idempotency_key, keys)
             created = [d for d in existing.values() if d.email_id == email.pk]
@@ -324,6 +337,33 @@ def _message_ids(p: Prepared, count: int, domain: str, using: str) -> list[str]:
     return copy_message_ids(p.message_id, count, domain, taken=taken)
 
 
+def _with_message_ids(
+    p: Prepared, count: int, domain: str, using: str, insert: Callable[[list[str]], _T]
+) -> _T:
+    """``insert(message_ids)`` with the Message-IDs of ``p``'s ``count`` copies.
+
+    Only the sender's own ID, kept as it is, can be in the table already: a
+    concurrent send of the same message may insert it between the check
+    (:func:`_message_ids`) and this insert. The insert then waits for that
+    transaction and, once it commits, fails on ``outbox_delivery_message_id_uniq``.
+    So that the failure never reaches the caller (nor aborts the caller's
+    transaction), that insert runs in a savepoint (a transaction of its own
+    in autocommit), and after a failure the copy takes the ID a second send
+    gets, as if the two had come one after the other. On SQLite the writes
+    are serialised: the check already sees the first send's row.
+    """
+    message_ids = _message_ids(p, count, domain, using)
+    if p.message_id is None or message_ids != [p.message_id]:
+        return insert(message_ids)  # our own unique IDs: no conflict to fear
+    try:
+        with transaction.atomic(using=using):
+            return insert(message_ids)
+    except IntegrityError:
+        if not Delivery.objects.using(using).filter(message_id=p.message_id).exists():
+            raise  # another constraint's refusal
+    return insert(copy_message_ids(p.message_id, count, domain, taken=True))
+
+
 def _write_postgresql(
     p: Prepared,
     using: str,
@@ -337,10 +377,15 @@ def _write_postgresql(
     BEGIN/COMMIT round trips are spent on it; inside one, it joins it. Either
     way the Redis push and the signal run after the commit.
     """
-    message_ids = _message_ids(p, len(p.recipients), domain, using)
     email = _email(p, now)
     bare = [bare_address(r) for r in p.recipients]
-    created = insert_postgresql(p, email, message_ids, bare, using=using, not_before=not_before)
+    created = _with_message_ids(
+        p,
+        len(p.recipients),
+        domain,
+        using,
+        lambda ids: insert_postgresql(p, email, ids, bare, using=using, not_before=not_before),
+    )
     # Due now by the database's clock: due now by Redis' too (this host's clock may be ahead).
     entries = queue_entries(created, p.send_at)
     transaction.on_commit(partial(_after_commit, email, created, entries), using=using)

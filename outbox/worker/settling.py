@@ -7,9 +7,11 @@ outcome written on its own when no next row is ready (:meth:`Settling.alone`),
 and what happens when the database will not take the write.
 
 The database may refuse an outcome's write for good (``db.refused_for_good``:
-a value too long, a NUL, a constraint or a trigger), and retrying the same
-write would then keep a sender thread on one row for ever. The rule, once:
-only errors of the connection are retried without end (:func:`persist`).
+a value too long, a NUL, a constraint, a site's trigger, whatever its code),
+and retrying the same write would then keep a sender thread on one row for
+ever. The rule, once: only errors of the connection, the session or the
+server (a lost connection, a deadlock, a timeout, "database is locked") are
+retried without end (:func:`persist`); every other error is a refusal.
 After a refusal for good the row is settled with the least that can be
 written (:func:`settle_refused`), in this order:
 
