@@ -27,6 +27,9 @@ database names:
   OUTBOX_TEST_ROUTED_DB_NAME is then its test database's name
 - OUTBOX_TEST_ESP_URL / OUTBOX_TEST_ESP_TIMEOUT: anymail's API URLs and its requests'
   timeout, for worker subprocesses sending to the fake ESP (tests/esp.py)
+- OUTBOX_TEST_TIME_ZONE: USE_TZ = False and TIME_ZONE = that zone, for subprocesses
+  of tests/test_clocks.py (a zone compiled so that its clocks go back in minutes:
+  tests/zones.py)
 """
 
 import json
@@ -42,6 +45,9 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
+if os.environ.get("OUTBOX_TEST_TIME_ZONE"):
+    USE_TZ = False
+    TIME_ZONE = os.environ["OUTBOX_TEST_TIME_ZONE"]
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_FROM_EMAIL = "outbox-tests@example.com"

@@ -47,7 +47,16 @@ from ..conf import outbox_settings
 from ..db import refused_for_good, storable
 from ..mail.connection import Server
 from ..mail.failures import FailureKind, classify, esp_answer, http_failure, refused_by_esp
-from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
+from ..models import (
+    Attachment,
+    Attempt,
+    Delivery,
+    Email,
+    as_django_stores,
+    epoch,
+    instant,
+    outbox_alias,
+)
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
 from .sql import mark_sent
@@ -132,7 +141,10 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     if http is not None and http.retry_after is not None:
         # The ESP said when (429, 503): never earlier, whatever the backoff says.
         delay = max(delay, http.retry_after)
-    return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
+    # Added to the instant: naive arithmetic (USE_TZ = False) drops fold and
+    # counts wall-clock time, an hour off the night the clocks change.
+    retry_at = as_django_stores(instant(now) + timedelta(seconds=delay))
+    return Settlement(started, Outcome.RETRY, error, retry_at)
 
 
 # What each outcome other than a success writes (a success: ``sql.mark_sent``).
@@ -179,7 +191,7 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         suppress_refused(s)
     if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
         due = s.retry_at or now
-        entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
+        entry = QueueEntry(delivery.pk, delivery.priority, epoch(due))
         transaction.on_commit(lambda: push([entry]), using=outbox_alias())
     return changed
 
