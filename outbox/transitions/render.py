@@ -88,7 +88,9 @@ class _Clock:
     compared with or written to ``not_before`` and ``expires_at``, which are
     stored in UTC whatever ``USE_TZ`` says (``models/instants.py``), so a raw
     statement takes it as its own parameter, ``now_instant``
-    (``outbox.models.stored(now, connection)``).
+    (``outbox.models.stored(now, connection)``); so does a :class:`Param`
+    written to one of them (``retry_at``, ``not_before``) when a transition
+    runs as a raw statement rather than through :meth:`Transition.apply`.
     """
 
     instant: bool = False
