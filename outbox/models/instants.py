@@ -78,4 +78,6 @@ class InstantField(models.DateTimeField):
 
 def stored(moment: datetime | None, connection: BaseDatabaseWrapper) -> Any:
     """``moment`` as a raw statement's parameter for an instant column: what the ORM writes."""
-    return InstantField().get_db_prep_value(moment, connection)
+    # As an aware instant: a naive one is read in TIME_ZONE (fold kept), without
+    # the warning Django gives a naive value under USE_TZ.
+    return InstantField().get_db_prep_value(None if moment is None else instant(moment), connection)
