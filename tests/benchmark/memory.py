@@ -133,18 +133,21 @@ class MemoryMixin:
         t0 = time.perf_counter()
         worker = subprocess.Popen(cmd, env=env, cwd=ROOT)
         warm = peak = last = 0
-        sent = 0
+        quarters: dict[int, float] = {}  # 25, 50, 75 (% sent) -> RSS MiB
         next_count = 0.0
         while worker.poll() is None:
             rss = rss_kib(worker.pid)
             if rss is not None:
                 peak, last = max(peak, rss), rss
             now = time.perf_counter()
-            if not warm and now >= next_count:
+            if now >= next_count:
                 sent = Delivery.objects.filter(status=Delivery.Status.SENT).count()
                 next_count = now + 1.0
-                if sent >= WARM:
+                if not warm and sent >= WARM:
                     warm = last
+                for q in (25, 50, 75):
+                    if q not in quarters and sent * 100 >= n * q:
+                        quarters[q] = round(last / 1024, 1)
             time.sleep(0.5)
         elapsed = time.perf_counter() - t0
         sent = Delivery.objects.filter(status=Delivery.Status.SENT).count()
@@ -155,6 +158,7 @@ class MemoryMixin:
             "seconds": round(elapsed, 1),
             "exit": worker.returncode,
             "rss_after_warm_mib": round(warm / 1024, 1),
+            "rss_by_quarter_mib": [quarters.get(q) for q in (25, 50, 75)],
             "rss_peak_mib": round(peak / 1024, 1),
             "rss_last_mib": round(last / 1024, 1),
         }
@@ -170,15 +174,18 @@ def memory_section(db: str, memory: Any) -> list[str]:
         f"{memory['emails']:,} distinct emails (text {len(TEXT):,} chars, HTML {len(HTML):,}, "
         f"a {ATTACHMENT:,}-byte attachment), one `outbox_worker --burst --concurrency "
         f"{memory['concurrency']}`, each copy serialised as SMTP would (tests/benchmark/memory.py). "
-        f"RSS once {WARM:,} were sent, at its peak, and at the end.",
+        f"RSS once {WARM:,} were sent, once a quarter, half and three quarters were, at its "
+        "peak, and at its last reading (as it exits).",
         "",
-        "| Django | sent | time | RSS after 1,000 | RSS peak | RSS at the end |",
-        "|---|---|---|---|---|---|",
+        "| Django | sent | time | RSS after 1,000 | at 25% | at 50% | at 75% | peak | last |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in memory["runs"]:
+        quarters = " | ".join(f"{q} MiB" for q in r.get("rss_by_quarter_mib", [None] * 3))
         md.append(
             f"| {r['django']} | {r['sent']:,} | {r['seconds']:.0f} s | "
-            f"{r['rss_after_warm_mib']} MiB | {r['rss_peak_mib']} MiB | {r['rss_last_mib']} MiB |"
+            f"{r['rss_after_warm_mib']} MiB | {quarters} | {r['rss_peak_mib']} MiB | "
+            f"{r['rss_last_mib']} MiB |"
         )
     md.append("")
     return md
