@@ -25,7 +25,7 @@ from django.utils import timezone
 from . import signals, transitions
 from .db import database_now
 from .exceptions import OutboxError
-from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, outbox_alias
+from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, instant, outbox_alias
 from .queue.entries import QueueEntry
 from .queue.publish import publish
 from .transitions import Transition
@@ -145,11 +145,15 @@ def _transition_chunk(
         _count_skipped(using, set(ids) - set(result.changed), result.skipped)
         if rows:
             entries = []
+            at = instant(moment)
             for row in rows:
                 # The push after the commit carries the row's new not_before,
                 # so it replaces any scheduled entry of the id with that time.
-                when = max(row.not_before, moment) if keep else moment
-                due = 0.0 if due_by_database and when == moment else when.timestamp()
+                # Compared as instants: naive times (USE_TZ = False) compare
+                # without their fold, and a repeated hour's second time would
+                # lose to an earlier "now".
+                when = max(instant(row.not_before), at) if keep else at
+                due = 0.0 if due_by_database and when == at else when.timestamp()
                 entries.append(QueueEntry(row.pk, row.priority, due))
             workers = {row.pk: row.worker_id for row in rows}
             transaction.on_commit(

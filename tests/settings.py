@@ -31,6 +31,9 @@ database names:
   of the tests' own ("" leaves the setting out)
 - OUTBOX_TEST_BULK_BACKEND: a second mailer, "bulk", delivering through that backend
 - OUTBOX_TEST_MAILER_PAUSE: OUTBOX["MAILER_PAUSE"] as "base,cap"
+- OUTBOX_TEST_TIME_ZONE: USE_TZ = False and TIME_ZONE = that zone, for subprocesses
+  of tests/test_clocks.py (a zone compiled so that its clocks go back in minutes:
+  tests/zones.py)
 """
 
 import json
@@ -46,6 +49,9 @@ SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
 TIME_ZONE = "UTC"
+if os.environ.get("OUTBOX_TEST_TIME_ZONE"):
+    USE_TZ = False
+    TIME_ZONE = os.environ["OUTBOX_TEST_TIME_ZONE"]
 ALLOWED_HOSTS = ["*"]
 ROOT_URLCONF = "tests.urls"
 DEFAULT_FROM_EMAIL = "outbox-tests@example.com"

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -336,3 +337,105 @@ def test_an_operators_requeue_from_a_slow_host_whose_push_failed_is_found_by_a_p
     assert not report.full_mirror_check
     assert report.remirrored == 1
     assert row.pk in queue.waiting_ids()
+
+
+# -- USE_TZ = False: the night the clocks go back ----------------------------------------
+
+GOING_BACK = """
+import json
+from datetime import UTC, datetime
+from outbox import enqueue_email, operations
+send_at = datetime.fromtimestamp({send_at}, UTC)
+[kept] = enqueue_email("s", "b", None, ["scheduled@example.com"], send_at=send_at)
+[again] = enqueue_email("s", "b", None, ["requeued@example.com"], send_at=send_at)
+operations.cancel([again.pk], "admin:ops")
+print("OUT", json.dumps([kept.pk, again.pk]))
+"""
+
+REQUEUE_AGAIN = """
+from outbox import operations
+print("OUT", operations.requeue([{pk}], "admin:ops").changed)
+"""
+
+
+def in_zone(code: str, env: dict[str, str]) -> str:
+    """Run ``code`` in a Django process of ``env``'s zone (USE_TZ = False); what it prints after "OUT "."""
+    done = subprocess.run(
+        [sys.executable, "-m", "django", "shell", "-c", code],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = dict(line.split(" ", 1) for line in done.stdout.splitlines() if " " in line)
+    return lines["OUT"]
+
+
+@pytest.mark.slow
+@only_in_cells(*BOTH_DATABASES, why="real worker and sweeper across a compiled DST change")
+def test_a_send_at_in_the_hour_the_clocks_go_back_leaves_at_its_instant(queue, tmp_path):
+    """``USE_TZ = False``: a send_at whose wall-clock time happens twice, re-read every way.
+
+    The zone's clocks go back a minute from now; the send_at is 15 s after
+    that, in the repeated hour, so its wall-clock time was also shown an hour
+    ago. Then Redis loses everything and one sweep rebuilds the mirror from
+    the rows, an operator requeues a cancelled copy (in the first of the two
+    hours: by the wall clock "now" is later than the send_at), and a worker
+    runs through the change. Before ``not_before`` was stored in UTC, each
+    re-read took the earlier time: both left at once, and the requeue also
+    replaced the schedule with "now".
+    """
+    from tests.zones import HOUR, clocks_go_back, zone_in
+
+    change = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
+    send_at = change + timedelta(seconds=15)
+    env = clocks_go_back(tmp_path, change)
+    zone = zone_in(env)
+    wall = send_at.astimezone(zone).replace(tzinfo=None)
+    # The same wall-clock time an hour earlier, before the change: the trap.
+    # (Instants compared as timestamps: PEP 495 makes a time in a fold unequal
+    # to every time of another zone.)
+    assert wall.replace(tzinfo=zone, fold=0).timestamp() == (send_at - HOUR).timestamp()
+    assert wall.replace(tzinfo=zone, fold=1).timestamp() == send_at.timestamp()
+
+    kept, again = json.loads(in_zone(GOING_BACK.format(send_at=send_at.timestamp()), env))
+    queue.redis.flushdb()  # Redis restarts empty: the next sweep rebuilds from the rows
+    sweep = subprocess.run(
+        [sys.executable, "-m", "django", "outbox_sweep"],
+        cwd=ROOT,
+        env=subprocess_env(**env),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert sweep.returncode == 0, sweep.stdout + sweep.stderr
+    assert kept in queue.waiting_ids()
+    assert json.loads(in_zone(REQUEUE_AGAIN.format(pk=again), env)) == [again]
+    assert datetime.now(UTC) < change  # all of the above in the first of the two hours
+
+    # Redis has each id scheduled for the send_at: not an hour early (the mirror
+    # rebuild), not due now (the requeue's push).
+    assert scheduled_score(queue, Delivery(pk=kept)) == send_at.timestamp()
+    assert scheduled_score(queue, Delivery(pk=again)) == send_at.timestamp()
+
+    smtp = SMTPRecorder().start()
+    worker = process("outbox_worker", OUTBOX_TEST_SMTP_PORT=str(smtp.port), **env)
+    try:
+        # Nothing leaves before its time, though the worker runs through the change...
+        while datetime.now(UTC) < send_at - timedelta(seconds=0.5):
+            assert smtp.count() == 0, f"sent {send_at - datetime.now(UTC)} early"
+            time.sleep(0.2)
+        # ...and both leave once it has come, once each.
+        rows = Delivery.objects.filter(pk__in=[kept, again])
+        wait_until(lambda: rows.filter(status=Status.SENT).count() == 2, 30)
+        assert sorted(smtp.by_message_id().values()) == [1, 1]
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        smtp.stop()
+    # Read back with USE_TZ = True (this process): one instant each, the send_at.
+    assert set(rows.values_list("not_before", flat=True)) == {send_at}

@@ -1,4 +1,5 @@
-"""Migration 0017: PostgreSQL's PL/pgSQL functions, created whatever the database had before.
+"""Migration 0017: PostgreSQL's PL/pgSQL functions, created whatever the database had before;
+0018: ``not_before`` and ``expires_at`` as instants, SQLite's local times rewritten in UTC.
 
 The test database is migrated from empty when the run starts, so it is a fresh
 one; an older database is made by migrating back to 0016 and giving it the
@@ -7,14 +8,21 @@ functions an earlier release left (or none).
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
+from django.test import override_settings
+
+from outbox import enqueue_email
+from outbox.models import Delivery
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 BEFORE = ("outbox", "0016_attempt_esp_message_id")
 AFTER = ("outbox", "0017_postgresql_functions")
+LATEST = ("outbox", "0018_delivery_instants")
 
 # What the hot path calls (outbox/statements/postgresql.py), by argument types.
 _ENQUEUE = (
@@ -92,7 +100,53 @@ def test_0017_replaces_whatever_functions_the_database_had(before):
             assert len(functions()) == len(PREVIOUS)
     finally:
         migrate(AFTER)
+    migrate(LATEST)
     expected = CURRENT if connection.vendor == "postgresql" else set()
     if before == "previous release" and connection.vendor == "postgresql":
         expected = expected | KEPT
     assert functions() == expected
+
+
+def stored_times(pk: int) -> tuple[str, str]:
+    """The row's ``not_before`` and ``expires_at`` as the database holds them (seconds, no zone)."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT to_char(not_before AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS'), "
+                "to_char(expires_at AT TIME ZONE 'UTC', 'YYYY-MM-DD HH24:MI:SS') "
+                "FROM outbox_delivery WHERE id = %s",
+                [pk],
+            )
+        else:
+            cursor.execute(
+                "SELECT CAST(not_before AS TEXT), CAST(expires_at AS TEXT) "
+                "FROM outbox_delivery WHERE id = %s",
+                [pk],
+            )
+        not_before, expires_at = cursor.fetchone()
+    return str(not_before)[:19], str(expires_at)[:19]
+
+
+@override_settings(USE_TZ=False, TIME_ZONE="America/New_York")
+def test_0018_keeps_what_each_stored_time_meant():
+    """Without USE_TZ, SQLite held local times: 0018 rewrites them in UTC, and back.
+
+    PostgreSQL's ``timestamptz`` already held instants: nothing changes there.
+    """
+    send_at = datetime(2031, 7, 1, 12, 0, tzinfo=UTC)  # 08:00 in New York (EDT)
+    [row] = enqueue_email(
+        "s", "b", None, ["a@example.com"], send_at=send_at, expires_at=send_at + timedelta(days=1)
+    )
+    utc = ("2031-07-01 12:00:00", "2031-07-02 12:00:00")
+    assert stored_times(row.pk) == utc
+    try:
+        migrate(AFTER)
+        local = ("2031-07-01 08:00:00", "2031-07-02 08:00:00")
+        assert stored_times(row.pk) == (utc if connection.vendor == "postgresql" else local)
+    finally:
+        migrate(LATEST)
+    assert stored_times(row.pk) == utc
+    # Read as Django reads it without USE_TZ: naive, in TIME_ZONE.
+    delivery = Delivery.objects.get(pk=row.pk)
+    assert delivery.not_before == datetime(2031, 7, 1, 8, 0)
+    assert delivery.expires_at == datetime(2031, 7, 2, 8, 0)

@@ -25,7 +25,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from outbox import enqueue_email, transitions
-from outbox.models import Delivery
+from outbox.models import Delivery, stored
 from outbox.worker import functions
 
 Status = Delivery.Status
@@ -83,8 +83,10 @@ def _run_sql(change: transitions.Transition, pk: int, params: dict[str, Any]) ->
         "id": pk,
         "token": token_field.get_db_prep_value(TOKEN, connection),
         "now": connection.ops.adapt_datetimefield_value(params["now"]),
-        "retry_at": connection.ops.adapt_datetimefield_value(params["retry_at"]),
-        "not_before": connection.ops.adapt_datetimefield_value(params["not_before"]),
+        # The instant columns' values, as they store them (outbox/models/instants.py).
+        "now_instant": stored(params["now"], connection),
+        "retry_at": stored(params["retry_at"], connection),
+        "not_before": stored(params["not_before"], connection),
     }
     with connection.cursor() as cursor:
         cursor.execute(change.sql(connection.vendor), values)

@@ -27,7 +27,7 @@ from .. import signals
 from ..db import database_now
 from ..mail import valve
 from ..mail.message_id import copy_message_ids, make_message_id, message_id_domain
-from ..models import Attachment, Delivery, Email, EmailTemplate, outbox_alias
+from ..models import Attachment, Delivery, Email, EmailTemplate, epoch, outbox_alias
 from ..queue.entries import QueueEntry
 from ..queue.publish import publish
 from ..rendering import TemplateCache, render
@@ -397,7 +397,7 @@ def queue_entries(deliveries: Sequence[Delivery], not_before: datetime | None) -
 
     ``not_before`` None: the rows are due now (the database wrote its own now()).
     """
-    at = 0.0 if not_before is None else not_before.timestamp()
+    at = 0.0 if not_before is None else epoch(not_before)
     queued = Delivery.Status.QUEUED
     return [QueueEntry(d.pk, d.priority, at) for d in deliveries if d.status == queued]
 

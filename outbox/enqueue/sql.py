@@ -19,7 +19,7 @@ from django.db import connections
 
 from ..compat.django import mark_saved
 from ..db import binding_cursor, loaded_instance, rows_by_name
-from ..models import Delivery, Email
+from ..models import Delivery, Email, instant, stored
 from ..statements import postgresql, sqlite
 from .prepare import Prepared
 
@@ -47,12 +47,14 @@ def insert_postgresql(
         "from": p.from_email,
         "reply_to": json.dumps(p.reply_to) if p.reply_to else "[]",
         "headers": json.dumps(p.headers) if p.headers else "{}",
-        "expires_at": p.expires_at,
+        # Instants, aware: psycopg sends the offset (a naive value would be read
+        # in the session's zone, once for a repeated hour's two times).
+        "expires_at": instant(p.expires_at) if p.expires_at else None,
         "priority": p.priority,
         "max_attempts": p.max_attempts,
         # NULL when due now: the statement writes the database's now() (its clock,
         # not this host's); an explicit send_at is the caller's own time.
-        "not_before": p.send_at,
+        "not_before": instant(p.send_at) if p.send_at else None,
         "mailer": p.mailer,
         "structure": None if p.structure is None else json.dumps(p.structure),
     }
@@ -229,7 +231,9 @@ def insert_many(
                     Delivery.Status.CANCELLED,
                     at,
                     at,
-                    _deliveries_json(rows, emails, ops.adapt_datetimefield_value),
+                    _deliveries_json(
+                        rows, emails, functools.partial(stored, connection=connection)
+                    ),
                 ],
             )
             returned = rows_by_name.all(Inserted, cursor, cursor.fetchall())
@@ -282,8 +286,9 @@ def _postgresql_params(rows: Sequence[BulkRow]) -> dict[str, Any]:
         per_delivery["why"] += r.why
         per_delivery["priorities"] += [p.priority] * n
         per_delivery["max_attempts"] += [p.max_attempts] * n
-        per_delivery["not_befores"] += [p.send_at] * n  # NULL: the database's now()
-        per_delivery["expires"] += [p.expires_at] * n
+        # NULL: the database's now(); else instants, as in insert_postgresql.
+        per_delivery["not_befores"] += [instant(p.send_at) if p.send_at else None] * n
+        per_delivery["expires"] += [instant(p.expires_at) if p.expires_at else None] * n
     return {
         "email_table": Email._meta.db_table,
         "count": len(rows),

@@ -12,6 +12,7 @@ One module per concern, each importing only those above it in this list:
 
 - ``limits.py``: column widths several tables share;
 - ``routing.py``: ``outbox_alias`` (the database of every row) and ``OutboxManager``;
+- ``instants.py``: ``InstantField`` (times stored in UTC whatever ``USE_TZ`` says), ``instant``;
 - ``emails.py``: ``Email`` and ``Attachment``;
 - ``deliveries.py``: ``Delivery`` and ``DeliveryQuerySet``;
 - ``attempts.py``: ``Attempt``;
@@ -24,6 +25,7 @@ Import from ``outbox.models``: the modules beneath it may move.
 from .attempts import Attempt
 from .deliveries import Delivery, DeliveryQuerySet
 from .emails import Attachment, Email
+from .instants import InstantField, as_django_stores, epoch, instant, stored
 from .limits import (
     MAILER_MAX_LENGTH,
     SERVER_ADDRESS_MAX_LENGTH,
@@ -45,7 +47,12 @@ __all__ = [
     "DeliveryQuerySet",
     "Email",
     "EmailTemplate",
+    "InstantField",
     "OutboxManager",
     "Suppression",
+    "as_django_stores",
+    "epoch",
+    "instant",
     "outbox_alias",
+    "stored",
 ]

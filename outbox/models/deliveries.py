@@ -15,6 +15,7 @@ from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
 from .emails import Email
+from .instants import InstantField
 from .limits import SERVER_ADDRESS_MAX_LENGTH, SERVER_HOST_MAX_LENGTH, WORKER_ID_MAX_LENGTH
 from .routing import OutboxManager
 
@@ -85,7 +86,8 @@ class Delivery(models.Model):
     )
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
-    not_before = models.DateTimeField(_("not before"), default=timezone.now)
+    # Instants (instants.py): compared with a clock on every re-read, stored in UTC.
+    not_before = InstantField(_("not before"), default=timezone.now)
     worker_id = models.CharField(
         _("worker"), max_length=WORKER_ID_MAX_LENGTH, blank=True, default=""
     )
@@ -112,7 +114,7 @@ class Delivery(models.Model):
     last_error = models.TextField(_("last error"), blank=True, default="")
     # Not sent by then, never sent: the claim UPDATE and the sweeper cancel it.
     # NULL (no expiry) on the hot path, so its index below never sees those rows.
-    expires_at = models.DateTimeField(_("expires"), null=True, blank=True)
+    expires_at = InstantField(_("expires"), null=True, blank=True)
     # NULL, not "", for "no key": the unique constraint ignores NULLs.
     idempotency_key = models.CharField(  # noqa: DJ001
         _("idempotency key"), max_length=255, null=True, blank=True

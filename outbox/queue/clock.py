@@ -23,7 +23,9 @@ Redis and the database are servers whose clocks an operator keeps in step
 
 The datetimes made here are what Django stores: aware UTC with ``USE_TZ =
 True``, naive in ``TIME_ZONE`` without (SQLite refuses an aware datetime
-then, and the ORM's naive values must compare with them).
+then, and the ORM's naive values must compare with them), with ``fold`` set
+in the hour the clocks go back, so that ``outbox.models.instant`` reads them
+as the instant they are (``not_before`` and ``expires_at`` are stored in UTC).
 """
 
 from __future__ import annotations

@@ -51,7 +51,7 @@ from django.db.models import Max, Q, QuerySet
 
 from ..conf import outbox_settings
 from ..db import database_time
-from ..models import Attempt, Delivery, outbox_alias
+from ..models import Attempt, Delivery, epoch, outbox_alias
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
@@ -180,7 +180,9 @@ class Mirror:
             if not batch:
                 return
             last = batch[-1][0]
-            yield [QueueEntry(pk, prio, not_before.timestamp()) for pk, prio, not_before in batch]
+            # epoch(), not timestamp(): a naive not_before (USE_TZ = False) is
+            # read with its fold, never as the first of a repeated hour.
+            yield [QueueEntry(pk, prio, epoch(not_before)) for pk, prio, not_before in batch]
             self.keep_lease()
 
     def _held_by_live_workers(self) -> set[int]:

@@ -48,7 +48,7 @@ from redis.exceptions import RedisError
 from .. import operations, transitions
 from ..conf import outbox_settings
 from ..db import database_address, database_problem
-from ..models import Attempt, Delivery, Email, outbox_alias
+from ..models import Attempt, Delivery, Email, epoch, outbox_alias
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry, redis_address
 from ..queue.reliable import RedisQueue
@@ -210,7 +210,7 @@ class Sweeper:
             )
         )
         back = [
-            QueueEntry(row["pk"], row["priority"], row["not_before"].timestamp())
+            QueueEntry(row["pk"], row["priority"], epoch(row["not_before"]))
             for row in rows
             if row["status"] == Status.QUEUED
         ]

@@ -16,7 +16,7 @@ from django.db import connections
 from django.db.models import DateTimeField, F, Func, Q, Value
 from django.db.models.functions import Greatest
 
-from ..models import Delivery, outbox_alias
+from ..models import Delivery, InstantField, outbox_alias
 
 TABLE = Delivery._meta.db_table
 Placeholder = Callable[[str], str]  # a parameter's name -> its text in the statement
@@ -82,13 +82,28 @@ class Column:
 
 @dataclass(frozen=True)
 class _Clock:
-    """The clock whether a row is due or expired is read by (module docstring)."""
+    """The clock whether a row is due or expired is read by (module docstring).
+
+    On SQLite it is the ``now`` passed in; ``instant`` is that clock as
+    compared with or written to ``not_before`` and ``expires_at``, which are
+    stored in UTC whatever ``USE_TZ`` says (``models/instants.py``), so a raw
+    statement takes it as its own parameter, ``now_instant``
+    (``outbox.models.stored(now, connection)``); so does a :class:`Param`
+    written to one of them (``retry_at``, ``not_before``) when a transition
+    runs as a raw statement rather than through :meth:`Transition.apply`.
+    """
+
+    instant: bool = False
 
     def sql(self, vendor: str, param: Placeholder) -> str:
-        return "now()" if vendor == "postgresql" else param("now")
+        if vendor == "postgresql":
+            return "now()"
+        return param("now_instant" if self.instant else "now")
 
     def orm(self, vendor: str, params: Mapping[str, Any]) -> Any:
-        return _TransactionNow() if vendor == "postgresql" else params["now"]
+        if vendor == "postgresql":
+            return _TransactionNow()
+        return Value(params["now"], InstantField()) if self.instant else params["now"]
 
 
 class _TransactionNow(Func):
@@ -104,6 +119,7 @@ class _TransactionNow(Func):
 
 
 CLOCK = _Clock()
+INSTANT_CLOCK = _Clock(instant=True)
 
 
 @dataclass(frozen=True)
@@ -111,7 +127,7 @@ class NotBefore:
     """A requeue that keeps a schedule still ahead: the later of ``not_before`` and the clock."""
 
     def sql(self, vendor: str, param: Placeholder) -> str:
-        clock = CLOCK.sql(vendor, param)
+        clock = INSTANT_CLOCK.sql(vendor, param)
         return (
             f"GREATEST(not_before, {clock})"
             if vendor == "postgresql"
@@ -119,9 +135,8 @@ class NotBefore:
         )
 
     def orm(self, vendor: str, params: Mapping[str, Any]) -> Any:
-        clock = CLOCK.orm(vendor, params)
         return Greatest(
-            F("not_before"), clock if vendor == "postgresql" else Value(clock, DateTimeField())
+            F("not_before"), INSTANT_CLOCK.orm(vendor, params), output_field=InstantField()
         )
 
 
@@ -134,7 +149,7 @@ class IfExpired:
 
     def sql(self, vendor: str, param: Placeholder) -> str:
         return (
-            f"CASE WHEN expires_at <= {CLOCK.sql(vendor, param)} THEN {self.then.sql(vendor, param)} "
+            f"CASE WHEN expires_at <= {INSTANT_CLOCK.sql(vendor, param)} THEN {self.then.sql(vendor, param)} "
             f"ELSE {self.otherwise.sql(vendor, param)} END"
         )
 
@@ -199,9 +214,9 @@ class Transition:
         if TOKEN in self.guard:
             where.append(f"claim_token = {put('token')}")
         if DUE in self.guard:
-            where.append(f"not_before <= {CLOCK.sql(vendor, put)}")
+            where.append(f"not_before <= {INSTANT_CLOCK.sql(vendor, put)}")
         if UNEXPIRED in self.guard:
-            clock = CLOCK.sql(vendor, put)
+            clock = INSTANT_CLOCK.sql(vendor, put)
             where.append(f"(expires_at IS NULL OR expires_at > {clock})")
         text = f"UPDATE {TABLE} SET\n    {sets}\n"
         if join:

@@ -60,7 +60,16 @@ from ..mail.failures import (
     http_failure,
     refused_by_esp,
 )
-from ..models import Attachment, Attempt, Delivery, Email, outbox_alias
+from ..models import (
+    Attachment,
+    Attempt,
+    Delivery,
+    Email,
+    as_django_stores,
+    epoch,
+    instant,
+    outbox_alias,
+)
 from ..operations import esp_evidence
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
@@ -154,7 +163,10 @@ def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     if http is not None and http.retry_after is not None:
         # The ESP said when (429, 503): never earlier, whatever the backoff says.
         delay = max(delay, http.retry_after)
-    return Settlement(started, Outcome.RETRY, error, now + timedelta(seconds=delay))
+    # Added to the instant: naive arithmetic (USE_TZ = False) drops fold and
+    # counts wall-clock time, an hour off the night the clocks change.
+    retry_at = as_django_stores(instant(now) + timedelta(seconds=delay))
+    return Settlement(started, Outcome.RETRY, error, retry_at)
 
 
 def from_answer(started: Started, answer: request.Answer, now: datetime) -> Settlement:
@@ -237,7 +249,7 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         suppress_refused(s)
     if changed and s.outcome in (Outcome.RETRY, Outcome.RELEASED):
         due = s.retry_at or now
-        entry = QueueEntry(delivery.pk, delivery.priority, due.timestamp())
+        entry = QueueEntry(delivery.pk, delivery.priority, epoch(due))
         transaction.on_commit(lambda: push([entry]), using=outbox_alias())
     return changed
 

@@ -27,7 +27,7 @@ from django.db.models.functions import Now
 
 from .. import transitions
 from ..db import binding_cursor, rows_by_name
-from ..models import Delivery, Email, outbox_alias
+from ..models import Delivery, Email, epoch, outbox_alias, stored
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 from ..transitions import named
@@ -88,6 +88,7 @@ def _params(
     return {
         "expired": EXPIRED_ERROR,
         "now": db.ops.adapt_datetimefield_value(now),
+        "now_instant": stored(now, db),  # the due and expiry tests (SQLite)
         "settle_id": settle_id,
         "settle_token": claim_token.get_db_prep_value(settle_token, db),
         "claim_id": claim_id,
@@ -315,7 +316,7 @@ def release_companions(lead: Delivery, now: datetime) -> int:
                 **_params(db, now, token=lead.claim_token),
                 "email": lead.email_id,
                 "id": lead.pk,
-                "not_before": db.ops.adapt_datetimefield_value(now),
+                "not_before": stored(now, db),  # an instant column
             },
         )
         return int(cursor.rowcount)
@@ -370,7 +371,7 @@ def early_entry(pk: int, redis_now: datetime) -> QueueEntry | None:
         .values("priority", "not_before")
         .first()
     )
-    return QueueEntry(pk, row["priority"], row["not_before"].timestamp()) if row else None
+    return QueueEntry(pk, row["priority"], epoch(row["not_before"])) if row else None
 
 
 def due_clock(redis_now: datetime) -> Now | datetime:

@@ -42,6 +42,7 @@ from tests.benchmark.common import (
 from tests.benchmark.dashboard import DashboardMixin
 from tests.benchmark.efficiency import EfficiencyMixin
 from tests.benchmark.instruments import Instruments, profile_table
+from tests.benchmark.memory import MemoryMixin
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
 from tests.benchmark.systems import SYSTEMS
@@ -72,6 +73,7 @@ class Child(
     BulkMixin,
     SendingMixin,
     EfficiencyMixin,
+    MemoryMixin,
 ):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
         from django.db import connection
@@ -124,6 +126,9 @@ class Child(
         # Only when named (--only latency): the latency rows alone, a minute or so.
         if self.only and "latency" in self.only and self.vendor == "postgresql":
             self.bench_latency()
+        # Only when named (--only memory): 200,000 emails per Django version.
+        if self.only and "memory" in self.only:
+            self.bench_memory()
 
     # -- helpers ------------------------------------------------------------
 

@@ -71,6 +71,8 @@ class Sizes:
     # Personalised template emails through enqueue_many (the bulk part):
     # the target is stated for 10,000, so --quick keeps that size.
     bulk_templates: int = 10_000
+    # One worker's RSS over many distinct emails (memory.py), when named (--only memory).
+    memory_emails: int = 200_000
 
 
 QUICK = Sizes(
@@ -83,6 +85,7 @@ QUICK = Sizes(
     scale_drain=500,
     dashboard_rows=200_000,
     admin_scale_history=(10_000, 200_000),
+    memory_emails=2_000,
 )
 
 

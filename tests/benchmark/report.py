@@ -22,6 +22,7 @@ from tests.benchmark.admin_scale_report import admin_scale_section
 from tests.benchmark.common import Row
 from tests.benchmark.dashboard_report import dashboard_section
 from tests.benchmark.efficiency import efficiency_section, latency_section
+from tests.benchmark.memory import memory_section
 from tests.benchmark.sending import sending_section
 from tests.benchmark.targets import evaluate_targets
 
@@ -196,6 +197,7 @@ def build_report(
         md += sending_section(db, data["extra"].get("sending"))
         md += efficiency_section(db, data["extra"].get("efficiency"))
         md += latency_section(db, data["extra"].get("latency"))
+        md += memory_section(db, data["extra"].get("memory"))
     return "\n".join(md) + "\n", targets
 
 

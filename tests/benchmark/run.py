@@ -55,6 +55,8 @@ def prepare_db(db: str, env: dict[str, str]) -> None:
 
 def parent_main(args: argparse.Namespace) -> None:
     sizes = QUICK if args.quick else Sizes()
+    if args.memory_emails:
+        sizes = replace(sizes, memory_emails=args.memory_emails)
     repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
     # SQLite's runs are short (1,500 emails, half of it start-up), so a single
     # run is mostly noise: it is judged on the median of as many runs as PostgreSQL.
@@ -192,8 +194,12 @@ def main() -> None:
         "--only",
         default="",
         help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,"
-        "efficiency; only when named: admin-scale (5,000,000 rows, about 20 minutes) and latency "
-        "(100/s, instant and 20 ms servers)",
+        "efficiency; only when named: admin-scale (5,000,000 rows, about 20 minutes), latency "
+        "(100/s, instant and 20 ms servers) and memory (one worker's RSS over --memory-emails "
+        "emails; BENCH_WORKER_PYTHONS names the Pythons, e.g. Django 5.2's and 6.1's)",
+    )
+    parser.add_argument(
+        "--memory-emails", type=int, default=None, help="emails of the memory part (200,000)"
     )
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(

@@ -5,6 +5,8 @@
 - BENCH_REDIS_URL: the django-redis cache the outbox queue runs on.
 - BENCH_EMAIL: "noop" (django's dummy backend) or "smtp" (BENCH_SMTP_PORT on
   127.0.0.1). All three systems deliver through the same backend.
+- BENCH_EMAIL "serialize": serialise every copy, keep nothing (memory.py);
+  BENCH_OUTBOX_ONLY: no post_office or mailer (a worker from another virtualenv).
 - BENCH_TMP: where django-mailer and django-post-office keep their lock files.
 """
 
@@ -31,6 +33,9 @@ INSTALLED_APPS = [
     "post_office",
     "mailer",
 ]
+if os.environ.get("BENCH_OUTBOX_ONLY"):
+    # A worker run from another virtualenv (the memory part, memory.py) needs only the outbox.
+    INSTALLED_APPS = INSTALLED_APPS[:-2]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -102,6 +107,9 @@ if os.environ.get("BENCH_EMAIL", "noop") == "smtp":
     EMAIL_HOST = "127.0.0.1"
     EMAIL_PORT = int(os.environ.get("BENCH_SMTP_PORT", "25"))
     EMAIL_TIMEOUT = 30
+elif os.environ.get("BENCH_EMAIL") == "serialize":
+    # Every copy built and serialised, nothing kept (the memory part, memory.py).
+    DELIVERY_BACKEND = "tests.benchmark.memory.SerializingBackend"
 else:
     DELIVERY_BACKEND = "django.core.mail.backends.dummy.EmailBackend"
 
