@@ -18,6 +18,7 @@ from hypothesis import settings as hypothesis_settings
 
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
+from tests.esp import FakeESP
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -195,3 +196,11 @@ def running() -> Iterator:
         worker.stop()
         thread.join(timeout=30)
         assert not thread.is_alive()
+
+
+@pytest.fixture(scope="module")
+def esp() -> Iterator[FakeESP]:
+    """The fake ESP (tests/esp.py), one per module; a module's fixture resets it per test."""
+    server = FakeESP().start()
+    yield server
+    server.stop()

@@ -86,6 +86,7 @@ class FakeESP:
         self.choose: Callable[[str], str] | None = None
         self.answer_after = answer_after  # "slow": longer than the client's timeout
         self.retry_after = retry_after
+        self._defaults = (retry_after, answer_after)
         self.accepted: list[Accepted] = []
         self.requests: list[tuple[str, str]] = []  # (recipient, action)
         self.bodies: list[dict[str, Any]] = []  # every request's body, parsed (Postmark)
@@ -103,6 +104,18 @@ class FakeESP:
         self.port = self.server.server_address[1]
         self.url = f"http://127.0.0.1:{self.port}/"
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    def reset(self) -> None:
+        """Forget every plan, request and credential: a test's fresh start on a module's server."""
+        with self.lock:
+            self.plan.clear()
+            self.choose = None
+            self.retry_after, self.answer_after = self._defaults
+            self.server_token = self.api_key = None
+            self.accepted.clear()
+            self.requests.clear()
+            self.bodies.clear()
+            self.webhook_statuses.clear()
 
     def start(self) -> FakeESP:
         self.thread.start()

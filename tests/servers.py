@@ -19,6 +19,7 @@ And the small helpers the tests share: :func:`wait_until`,
 
 from __future__ import annotations
 
+import contextlib
 import email
 import email.policy
 import os
@@ -26,10 +27,11 @@ import shutil
 import signal
 import socket
 import subprocess
+import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -43,6 +45,37 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+@contextlib.contextmanager
+def runserver(log: Path, **env: str) -> Iterator[int]:
+    """``manage.py runserver`` of the test project on a free port of loopback, on the test
+    database (``env``: more of its environment); yields the port, then kills it by pid.
+    Its output goes to ``log`` (a failed request's traceback)."""
+    port = free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload"],
+            cwd=Path(__file__).resolve().parent.parent,
+            env=subprocess_env(**env),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        wait_until(lambda: listens(port), timeout=30, interval=0.1)
+        yield port
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
+def listens(port: int) -> bool:
+    """Whether something accepts connections on ``127.0.0.1:port``."""
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=1).close()
+    except OSError:
+        return False
+    return True
 
 
 def wait_until(condition: Callable[[], Any], timeout: float = 10.0, interval: float = 0.02) -> Any:

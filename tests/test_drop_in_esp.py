@@ -11,7 +11,6 @@ which Postmark's backend refuses: the end-to-end cases here send Bcc-only.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -39,20 +38,10 @@ pytestmark = pytest.mark.django_db(transaction=True)
 Status = Delivery.Status
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def postmark(esp: FakeESP, settings) -> FakeESP:
     """The outbox in front of anymail's Postmark backend, pointed at the fake ESP."""
-    with esp.lock:
-        esp.accepted.clear()
-        esp.requests.clear()
-    esp.plan.clear()
+    esp.reset()
     settings.ANYMAIL = anymail_settings(esp.url, 5.0)
     use_outbox(settings, POSTMARK_BACKEND)
     return esp

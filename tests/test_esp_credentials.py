@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 import signal
 import time
-from collections.abc import Iterator
 
 import pytest
 from django.core.checks import run_checks
@@ -47,20 +46,9 @@ TOKEN = "tests-only-server-token"  # tests/esp.py anymail_settings(): what the w
 PAUSE = "1,2"  # OUTBOX["MAILER_PAUSE"] of the worker processes: 1 s, 2 s, 2 s, ...
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
 def fresh(esp: FakeESP, settings) -> None:
-    esp.plan.clear()
-    esp.server_token = esp.api_key = None
-    with esp.lock:
-        esp.accepted.clear()
-        esp.requests.clear()
+    esp.reset()
     settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
 
 
@@ -134,7 +122,6 @@ def test_a_401_is_the_mailers_credential_refused_not_the_message(esp, backend):
     if backend == POSTMARK_BACKEND:
         assert "ErrorCode" in why and "valid Server token" in why
     # A refusal of the message is the message's: not the mailer's.
-    esp.server_token = esp.api_key = None
     esp.plan["bob@example.com"] = ["422"]
     refused = send_error(backend)
     assert configuration_refused(refused) is None

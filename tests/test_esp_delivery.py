@@ -14,7 +14,6 @@ import json
 import signal
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -53,22 +52,9 @@ TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT; the fake's "slow" answers after 2 s
 HEARTBEATS = {"OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5", "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25"}
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
 def fresh(esp: FakeESP, settings) -> None:
-    esp.plan.clear()
-    esp.choose = None
-    esp.retry_after = "1"
-    esp.answer_after = 2.0
-    with esp.lock:
-        esp.accepted.clear()
-        esp.requests.clear()
+    esp.reset()
     settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
 
 

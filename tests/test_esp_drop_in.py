@@ -17,7 +17,6 @@ password-reset view through Django's test client, and ``mail_admins``.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import django
@@ -42,21 +41,10 @@ pytestmark = [
 NOT_THE_CALLERS = {"message-id", "to", "cc", "bcc"}
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
 def through_postmark(esp: FakeESP, settings) -> None:
     """The project's mail goes into the outbox; the worker delivers through anymail's Postmark."""
-    with esp.lock:
-        esp.plan.clear()
-        esp.accepted.clear()
-        esp.requests.clear()
-        esp.bodies.clear()
+    esp.reset()
     use_outbox(settings, POSTMARK_BACKEND)
     settings.ANYMAIL = anymail_settings(esp.url, 5.0)
 

@@ -12,8 +12,6 @@ the ESP twice.
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,11 +24,10 @@ from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.sweeper import Sweeper
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
-from tests.conftest import ROOT
 from tests.delivery import use_outbox
 from tests.esp import POSTMARK_BACKEND, FakeESP, anymail_settings
 from tests.processes import process_state
-from tests.servers import free_port, subprocess_env, wait_until
+from tests.servers import runserver, wait_until
 
 pytestmark = slow_processes(
     EACH_DJANGO_AND_DATABASE,
@@ -42,53 +39,17 @@ Outcome = Attempt.Outcome
 TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT in the worker; the fake's "slow" answers after 2 s
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture
 def webhooks(esp: FakeESP, tmp_path: Path, transactional_db) -> Iterator[None]:
     """anymail's tracking view in a real ``runserver`` process, where the fake ESP posts."""
-    port = free_port()
-    log = tmp_path / "runserver.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT,
-            env=subprocess_env(OUTBOX_TEST_ESP_URL=esp.url),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    esp.webhook_url = f"http://127.0.0.1:{port}/anymail/postmark/tracking/"
-    try:
-        wait_until(lambda: _listens(port), timeout=30, interval=0.1)
+    with runserver(tmp_path / "runserver.log", OUTBOX_TEST_ESP_URL=esp.url) as port:
+        esp.webhook_url = f"http://127.0.0.1:{port}/anymail/postmark/tracking/"
         yield
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def _listens(port: int) -> bool:
-    import socket
-
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
 
 
 @pytest.fixture(autouse=True)
 def fresh(esp: FakeESP, settings, webhooks) -> None:
-    esp.plan.clear()
-    with esp.lock:
-        esp.accepted.clear()
-        esp.requests.clear()
-        esp.bodies.clear()
-        esp.webhook_statuses.clear()
+    esp.reset()
     settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
 
 import pytest
 from django.core import mail
@@ -39,20 +38,9 @@ Outcome = Attempt.Outcome
 TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT; the fake's "slow" answers after 2 s
 
 
-@pytest.fixture(scope="module")
-def esp() -> Iterator[FakeESP]:
-    server = FakeESP().start()
-    yield server
-    server.stop()
-
-
 @pytest.fixture(autouse=True)
 def postmark(esp: FakeESP, settings) -> None:
-    esp.plan.clear()
-    with esp.lock:
-        esp.accepted.clear()
-        esp.requests.clear()
-        esp.bodies.clear()
+    esp.reset()
     settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
     use_outbox(settings, POSTMARK_BACKEND, ABANDONED_POLICY="review")
 

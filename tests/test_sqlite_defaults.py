@@ -11,9 +11,6 @@ still tells the project to set the two options for its own transactions.
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
 import threading
 import urllib.error
 import urllib.parse
@@ -28,8 +25,7 @@ from outbox import enqueue_email, signals
 from outbox.checks.sqlite import check_sqlite_options
 from outbox.models import Delivery
 from tests.cells import only_in_cells
-from tests.conftest import ROOT
-from tests.servers import free_port, subprocess_env, wait_until
+from tests.servers import runserver, wait_until
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -49,31 +45,9 @@ def web(tmp_path: Path) -> Iterator[tuple[str, Path]]:
 
     Yields its URL and the file of its log (a failed request's traceback).
     """
-    port = free_port()
     log = tmp_path / "runserver.log"
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "django", "runserver", f"127.0.0.1:{port}", "--noreload"],
-            cwd=ROOT,
-            env=subprocess_env(**STARTPROJECT),
-            stdout=out,
-            stderr=subprocess.STDOUT,
-        )
-    url = f"http://127.0.0.1:{port}/enqueue/"
-    try:
-        wait_until(lambda: _listens(port), timeout=30, interval=0.1)
-        yield url, log
-    finally:
-        proc.kill()
-        proc.wait(timeout=10)
-
-
-def _listens(port: int) -> bool:
-    try:
-        socket.create_connection(("127.0.0.1", port), timeout=1).close()
-    except OSError:
-        return False
-    return True
+    with runserver(log, **STARTPROJECT) as port:
+        yield f"http://127.0.0.1:{port}/enqueue/", log
 
 
 def _post(url: str, to: str) -> int | str:
