@@ -379,7 +379,7 @@ def in_zone(code: str, env: dict[str, str]) -> str:
 def test_a_send_at_in_the_hour_the_clocks_go_back_leaves_at_its_instant(queue, tmp_path):
     """``USE_TZ = False``: a send_at whose wall-clock time happens twice, re-read every way.
 
-    The zone's clocks go back a minute from now; the send_at is 15 s after
+    The zone's clocks go back 35 s from now; the send_at is 5 s after
     that, in the repeated hour, so its wall-clock time was also shown an hour
     ago. Then Redis loses everything and one sweep rebuilds the mirror from
     the rows, an operator requeues a cancelled copy (in the first of the two
@@ -390,8 +390,10 @@ def test_a_send_at_in_the_hour_the_clocks_go_back_leaves_at_its_instant(queue, t
     """
     from tests.zones import HOUR, clocks_go_back, zone_in
 
-    change = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=60)
-    send_at = change + timedelta(seconds=15)
+    # Far enough ahead for three short subprocesses and a sweep on a busy machine
+    # (the assertion below says if it was not).
+    change = datetime.now(UTC).replace(microsecond=0) + timedelta(seconds=35)
+    send_at = change + timedelta(seconds=5)
     env = clocks_go_back(tmp_path, change)
     zone = zone_in(env)
     wall = send_at.astimezone(zone).replace(tzinfo=None)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from django.core.mail import EmailMessage
@@ -23,14 +22,14 @@ from django.utils import timezone
 from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.sweeper import Sweeper
-from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
+from tests.cells import slow_processes
 from tests.delivery import use_outbox
 from tests.esp import POSTMARK_BACKEND, FakeESP, anymail_settings
 from tests.processes import process_state
 from tests.servers import runserver, wait_until
 
 pytestmark = slow_processes(
-    EACH_DJANGO_AND_DATABASE,
+    ("6.1:postgres", "5.2:sqlite"),
     why="a fake ESP, a runserver for its webhooks, worker processes; one cell per Django and database",
 )
 
@@ -39,17 +38,18 @@ Outcome = Attempt.Outcome
 TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT in the worker; the fake's "slow" answers after 2 s
 
 
-@pytest.fixture
-def webhooks(esp: FakeESP, tmp_path: Path, transactional_db) -> Iterator[None]:
+@pytest.fixture(scope="module")
+def webhooks(esp: FakeESP, tmp_path_factory, django_db_setup) -> Iterator[None]:
     """anymail's tracking view in a real ``runserver`` process, where the fake ESP posts."""
-    with runserver(tmp_path / "runserver.log", OUTBOX_TEST_ESP_URL=esp.url) as port:
+    log = tmp_path_factory.mktemp("webhooks") / "runserver.log"
+    with runserver(log, OUTBOX_TEST_ESP_URL=esp.url) as port:
         esp.webhook_url = f"http://127.0.0.1:{port}/anymail/postmark/tracking/"
         yield
 
 
 @pytest.fixture(autouse=True)
 def fresh(esp: FakeESP, settings, webhooks) -> None:
-    esp.reset()
+    esp.reset()  # the webhook URL stays: the module's runserver
     settings.ANYMAIL = anymail_settings(esp.url, TIMEOUT)
 
 
@@ -74,7 +74,7 @@ def settled(pk: int, *statuses: str, timeout: float = 30) -> Delivery:
 def no_retry_after(esp: FakeESP) -> None:
     """Until the worker sent a later email, due after any retry's backoff of the first."""
     [later] = enqueue_email(
-        "Later", "Body", None, ["later@example.com"], send_at=timezone.now() + timedelta(seconds=2)
+        "Later", "Body", None, ["later@example.com"], send_at=timezone.now() + timedelta(seconds=1)
     )
     settled(later.pk, Status.SENT)
 
