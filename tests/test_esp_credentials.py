@@ -122,6 +122,7 @@ def test_a_401_is_the_mailers_credential_refused_not_the_message(esp, backend):
     if backend == POSTMARK_BACKEND:
         assert "ErrorCode" in why and "valid Server token" in why
     # A refusal of the message is the message's: not the mailer's.
+    esp.server_token = esp.api_key = None
     esp.plan["bob@example.com"] = ["422"]
     refused = send_error(backend)
     assert configuration_refused(refused) is None
