@@ -243,7 +243,8 @@ def test_a_sendmail_that_hangs_after_reading_the_message_is_killed_and_in_doubt(
     fake_sendmail, monkeypatch
 ):
     monkeypatch.setenv("FAKE_SENDMAIL_HANG", "1")
-    backend = SendmailBackend(sendmail_path=fake_sendmail.path, timeout=0.5)
+    # Long enough for its Python to start and log the message, on a busy machine too.
+    backend = SendmailBackend(sendmail_path=fake_sendmail.path, timeout=2.0)
     msg = message(headers={"Message-ID": "<hang-1@example.com>"})
 
     started = time.monotonic()
