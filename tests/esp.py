@@ -374,6 +374,22 @@ def anymail_settings(url: str, timeout: float) -> dict[str, Any]:
     }
 
 
+# A worker is declared dead (and its lease runs out) sooner than with the suite's 3 s.
+HEARTBEATS = {"OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5", "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25"}
+
+
+def worker_env(
+    esp: FakeESP, timeout: float, backend: str = POSTMARK_BACKEND, **extra: str
+) -> dict[str, str]:
+    """A worker's or sweeper's environment: ``backend`` pointed at ``esp`` (tests/settings.py)."""
+    return {
+        "OUTBOX_TEST_EMAIL_BACKEND": backend,
+        "OUTBOX_TEST_ESP_URL": esp.url,
+        "OUTBOX_TEST_ESP_TIMEOUT": str(timeout),
+        **extra,
+    }
+
+
 # -- webhook bodies, in each ESP's own JSON -------------------------------------------
 
 

@@ -133,41 +133,58 @@ apt_install() {
   rm -f "$out"
 }
 
-# redis-server, and redis-cli (the Cluster tests run `redis-cli --cluster create`); the
-# Debian package brings both (redis-cli through redis-tools), and sentinel mode too.
-ensure_redis_server() {
-  { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || apt_install redis-server
+# The system tools the tests and scripts use, by name, and the Debian packages that
+# bring them. missing_packages prints the packages of those this machine lacks.
+#   redis       redis-server and redis-cli (the Cluster tests run `redis-cli --cluster
+#               create`); the Debian package brings both, and sentinel mode too
+#   postgresql  the server binaries (tests/lib.sh start_postgres)
+#   faketime    tests that move a worker's clock
+#   postfix     tests against a real mail server's log (tests/test_postfix_real.py);
+#               they run a private instance of their own
+#   pgbouncer   the tests through a transaction-pooling PgBouncer (tests/test_pgbouncer.py;
+#               a private instance; the host's service, if the package starts one, is left)
+#   chromium    Chromium and its driver, for the admin's browser test
+missing_packages() {
+  local tool
+  for tool in "$@"; do
+    case "$tool" in
+      redis) { command -v redis-server && command -v redis-cli; } >/dev/null 2>&1 || echo redis-server ;;
+      postgresql) compgen -G "/usr/lib/postgresql/*/bin/postgres" >/dev/null || echo postgresql ;;
+      faketime) command -v faketime >/dev/null 2>&1 || echo faketime ;;
+      postfix) [ -x /usr/sbin/postfix ] || echo postfix ;;
+      pgbouncer) { command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 || echo pgbouncer ;;
+      chromium) { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 || echo chromium chromium-driver ;;
+      *) echo "unknown tool: $tool" >&2; return 1 ;;
+    esac
+  done
 }
 
-# faketime (Debian package faketime): tests that move a worker's clock need it.
-ensure_faketime() {
-  command -v faketime >/dev/null 2>&1 || apt_install faketime
-}
+# The tools without which only their own tests are skipped (saying so); the others are required.
+OPTIONAL_PACKAGES=" postfix pgbouncer chromium chromium-driver "
 
-# Postfix (Debian package postfix), for tests against a real mail server's log
-# (tests/test_postfix_real.py, skipped without it). Preseeded so apt-get asks
-# nothing and leaves the host's mail setup unconfigured; the tests run a
-# private instance of their own.
-ensure_postfix() {
-  [ -x /usr/sbin/postfix ] && return 0
-  echo "postfix postfix/main_mailer_type select No configuration" | as_root debconf-set-selections
-  apt_install postfix || log "postfix could not be installed; its tests will be skipped"
-}
-
-# PgBouncer (Debian package pgbouncer), for the tests through a transaction-pooling
-# PgBouncer (tests/test_pgbouncer.py, skipped without it). The tests run a private
-# instance of their own (tests/pgbouncer.py); the host's pgbouncer service, if the
-# package starts one, is left as it is.
-ensure_pgbouncer() {
-  { command -v pgbouncer || [ -x /usr/sbin/pgbouncer ]; } >/dev/null 2>&1 && return 0
-  apt_install pgbouncer || log "pgbouncer could not be installed; its tests will be skipped"
-}
-
-# Chromium and its driver, for the admin's browser test (skipped without them).
-ensure_chromium() {
-  { command -v chromium && command -v chromedriver; } >/dev/null 2>&1 \
-    || apt_install chromium chromium-driver \
-    || log "no browser could be installed; the browser test will be skipped"
+# ensure_tools TOOL...: install every named tool the machine lacks, with one apt-get
+# update and one apt-get install (each update costs seconds on a fresh machine). If
+# that install fails, each package is tried alone, so that an optional one that
+# cannot be had (its tests are then skipped) costs nothing else. Fails only when a
+# required tool is still missing.
+ensure_tools() {
+  local packages package failed=0
+  read -r -a packages <<<"$(missing_packages "$@" | tr '\n' ' ')"
+  [ ${#packages[@]} -eq 0 ] && return 0
+  if [[ " ${packages[*]} " == *" postfix "* ]]; then
+    # Preseeded so that apt-get asks nothing and leaves the host's mail setup unconfigured.
+    echo "postfix postfix/main_mailer_type select No configuration" | as_root debconf-set-selections
+  fi
+  apt_install "${packages[@]}" && return 0
+  for package in "${packages[@]}"; do
+    apt_install "$package" && continue
+    if [[ "$OPTIONAL_PACKAGES" == *" $package "* ]]; then
+      log "$package could not be installed; its tests will be skipped"
+    else
+      failed=1
+    fi
+  done
+  return "$failed"
 }
 
 free_port() {
@@ -185,7 +202,7 @@ wait_for() { # wait_for SECONDS COMMAND...
 
 # start_redis -> sets REDIS_PORT, REDIS_PID
 start_redis() {
-  ensure_redis_server
+  ensure_tools redis
   REDIS_PORT="$(free_port)"
   local dir
   dir="$(mktemp -d)"
@@ -204,11 +221,8 @@ start_redis() {
 
 pg_bindir() {
   local d
-  d="$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -n 1)"
-  if [ -z "$d" ]; then
-    apt_install postgresql
-    d="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
-  fi
+  ensure_tools postgresql
+  d="$(ls -d /usr/lib/postgresql/*/bin | sort -V | tail -n 1)"
   echo "$d"
 }
 

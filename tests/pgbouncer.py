@@ -1,7 +1,7 @@
 """A private PgBouncer for tests: transaction pooling on 127.0.0.1, in front of the test PostgreSQL.
 
 :class:`PgBouncer` runs its own ``pgbouncer`` process (Debian package
-``pgbouncer``, installed by ``tests/lib.sh``'s ``ensure_pgbouncer``) with its
+``pgbouncer``, installed by ``tests/lib.sh``'s ``ensure_tools``) with its
 config, auth, log and pid files in a temporary directory, listening on
 ``127.0.0.1`` only (no Unix socket) and pooling in ``transaction`` mode. Every
 database name is forwarded to one PostgreSQL server (``*`` in

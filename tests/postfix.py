@@ -14,7 +14,7 @@ fails, by its master's pid. What Postfix 3.7 asks of a private instance:
 - no chroot (the queue directory would need a copy of ``/etc``).
 
 It needs root and the ``postfix`` binary (``tests/lib.sh``'s
-``ensure_postfix``); :func:`unavailable` says why it cannot run.
+``ensure_tools``); :func:`unavailable` says why it cannot run.
 
 :func:`other_zone` is a Django TIME_ZONE whose offset differs from the host's:
 Postfix (and syslog) stamps its log in the host's zone, whatever Django's is.

@@ -15,6 +15,7 @@
 # (tests/cells.py); the fast ones run in every cell.
 #
 #   tests/run.sh                                               everything (what CI runs)
+#   tests/run.sh --fast [-k sweeper]                           the fast lane (below)
 #   OUTBOX_TEST_MATRIX="5.2:sqlite" tests/run.sh -k worker     one cell, pytest args
 #   OUTBOX_TEST_SKIP_LINT=1 tests/run.sh                       no ruff, mypy, import-linter
 #   OUTBOX_TEST_JOBS=1 tests/run.sh                            cells one at a time
@@ -24,22 +25,34 @@
 # (one server, "test_outbox_<cell>"), its own pytest temporary folder and its own
 # coverage data. A cell's output is buffered and printed whole when it ends (its
 # skips counted, not listed, but for unexpected ones), followed by one summary line
-# per cell. The exit status is 1 if any cell failed.
+# per cell, then the coverage of all cells in one line and the least covered modules.
+# The exit status is 1 if any cell failed.
 #
 # Installs what is missing: a Python from 3.11 on (apt-get, if the machine has none),
 # the virtual environments .venv (Django 5.2, and the linters), .venv-django60 and
 # .venv-django61 (rebuilt only when pyproject.toml or their Python changes), and with
-# apt-get redis-server, PostgreSQL, Chromium (the admin's browser test), faketime,
-# Postfix and PgBouncer. Every server listens on 127.0.0.1 on a free port and is
-# stopped by pid when the script exits.
+# one apt-get what the selected cells use (CELL_TOOLS below): redis-server,
+# PostgreSQL, Chromium (the admin's browser test), faketime, Postfix and PgBouncer.
+# Every server listens on 127.0.0.1 on a free port and is stopped by pid when the
+# script exits.
 set -euo pipefail
 source "$(dirname "$0")/lib.sh"
 cd "$ROOT"
 trap stop_started EXIT
 
+# The fast lane: `tests/run.sh --fast [PYTEST ARGS]` runs the tests not marked slow in
+# one cell (Django 5.2 on SQLite), without the linters or coverage, and needs only
+# Python and a redis-server on PATH: it installs nothing with apt-get.
+FAST=""
+if [ "${1:-}" = --fast ]; then
+  FAST=1
+  shift
+fi
+
 # The two longest cells first (5.2:postgres, then 6.1:postgres with the chaos run); the
 # slot that frees first takes 5.2:sqlite, then 6.0:sqlite, so that both slots end together.
 MATRIX="${OUTBOX_TEST_MATRIX:-5.2:postgres 6.1:postgres 5.2:sqlite 6.1:sqlite 6.0:sqlite}"
+[ -n "$FAST" ] && MATRIX="5.2:sqlite"
 JOBS="${OUTBOX_TEST_JOBS:-2}"
 START=$SECONDS
 
@@ -49,19 +62,56 @@ declare -A VENV=([5.2]=.venv [6.0]=.venv-django60 [6.1]=.venv-django61)
 declare -A WANT_PYTHON=([5.2]=3.11 [6.0]=3.13 [6.1]=3.12)
 declare -A MIN_PYTHON=([5.2]=3.11 [6.0]=3.12 [6.1]=3.12)
 declare -A DJANGO_SPEC=([5.2]="django>=5.2,<5.3" [6.0]="django>=6.0,<6.1" [6.1]="django>=6.1,<6.2")
-declare -A PYTHON_NOTE
+declare -A PYTHON PYTHON_NOTE
+
+# The system tools each cell's tests use (tests/lib.sh, missing_packages): only the
+# selected cells' are installed. Where a module runs is tests/cells.py's; the 6.0 cell
+# runs the fast tests only, which need none of them.
+declare -A CELL_TOOLS=(
+  [5.2:postgres]="postgresql faketime pgbouncer"
+  [6.1:postgres]="postgresql faketime chromium"
+  [5.2:sqlite]="faketime"
+  [6.1:sqlite]="faketime postfix"
+  [6.0:sqlite]=""
+)
+tools=(redis)
+for cell in $MATRIX; do
+  # shellcheck disable=SC2206 # the table's words are tool names
+  tools+=(${CELL_TOOLS[$cell]?"tests/run.sh has no cell $cell"})
+done
+
+# Each Django version's Python first: finding one may itself need apt-get (a machine
+# with none), which must not run beside the tools' apt-get below.
+for django in 5.2 6.0 6.1; do
+  [[ " $MATRIX " == *" $django:"* ]] || [ "$django" = 5.2 ] || continue
+  PYTHON[$django]="$(pick_python "${MIN_PYTHON[$django]}" "${WANT_PYTHON[$django]}")" || {
+    echo "Django $django needs Python ${MIN_PYTHON[$django]} or later. To run the" \
+      "Django 5.2 cells alone: OUTBOX_TEST_MATRIX=\"5.2:postgres 5.2:sqlite\" tests/run.sh" >&2
+    exit 1
+  }
+done
+
+WORK="$(mktemp -d -t outbox-tests.XXXXXX)"
+CLEANUP_DIRS+=("$WORK")
+
+# The tools install (apt-get: network and dpkg) while pip makes the virtual
+# environments (network and CPU): on a fresh machine each takes a minute or two.
+if [ -n "$FAST" ]; then
+  if [ -n "$(missing_packages redis)" ]; then
+    echo "the fast lane needs redis-server and redis-cli on PATH (tests/run.sh without" \
+      "--fast installs them with apt-get)" >&2
+    exit 1
+  fi
+  TOOLS_PID=""
+else
+  ensure_tools "${tools[@]}" >"$WORK/tools.log" 2>&1 &
+  TOOLS_PID=$!
+fi
 
 # .venv always: the linters and the coverage report run from it.
 ensure_dev_venv
 for django in 6.0 6.1; do
-  if [[ " $MATRIX " == *" $django:"* ]]; then
-    python="$(pick_python "${MIN_PYTHON[$django]}" "${WANT_PYTHON[$django]}")" || {
-      echo "Django $django needs Python ${MIN_PYTHON[$django]} or later. To run the" \
-        "Django 5.2 cells alone: OUTBOX_TEST_MATRIX=\"5.2:postgres 5.2:sqlite\" tests/run.sh" >&2
-      exit 1
-    }
-    ensure_venv "${VENV[$django]}" "$python" test "${DJANGO_SPEC[$django]}"
-  fi
+  [[ " $MATRIX " == *" $django:"* ]] && ensure_venv "${VENV[$django]}" "${PYTHON[$django]}" test "${DJANGO_SPEC[$django]}"
 done
 for django in 5.2 6.0 6.1; do
   [[ " $MATRIX " == *" $django:"* ]] || continue
@@ -72,12 +122,17 @@ for django in 5.2 6.0 6.1; do
     log "Django $django runs on Python $have: this machine has no Python ${WANT_PYTHON[$django]}"
   fi
 done
-ensure_redis_server
-ensure_faketime
-ensure_postfix
-ensure_chromium
-if [[ "$MATRIX" == *postgres* ]]; then ensure_pgbouncer; fi  # tests/test_pgbouncer.py
+if [ -n "$TOOLS_PID" ]; then
+  tools_rc=0
+  wait "$TOOLS_PID" || tools_rc=$?
+  cat "$WORK/tools.log" >&2
+  if [ "$tools_rc" != 0 ]; then
+    echo "could not install the tools the tests need: ${tools[*]} (output above)" >&2
+    exit 1
+  fi
+fi
 
+[ -n "$FAST" ] && OUTBOX_TEST_SKIP_LINT=1
 if [ -z "${OUTBOX_TEST_SKIP_LINT:-}" ]; then
   log "ruff, mypy and the import contracts"
   .venv/bin/ruff check -q outbox tests example_project
@@ -92,17 +147,16 @@ if [[ "$MATRIX" == *postgres* ]]; then
   export OUTBOX_TEST_PG_HOST=127.0.0.1 OUTBOX_TEST_PG_PORT="$PG_PORT" OUTBOX_TEST_PG_USER="$PG_USER"
 fi
 
-WORK="$(mktemp -d -t outbox-tests.XXXXXX)"
-CLEANUP_DIRS+=("$WORK")
-
 # run_cell CELL DIR REDIS_PORT [PYTEST ARGS...]: one pytest run; output to DIR/log.
 run_cell() {
   local cell="$1" dir="$2" redis_port="$3"
   shift 3
-  local django="${cell%%:*}" db="${cell##*:}" prepare="" marks=()
+  local django="${cell%%:*}" db="${cell##*:}" prepare="" marks=() cov=(--cov=outbox --cov-report=)
   local venv="${VENV[$django]:?no Django $django in tests/run.sh}"
-  # Django 6.0's cell runs the fast tests only: those not marked slow (pyproject.toml).
-  [ "$django" = 6.0 ] && marks=(-m "not slow")
+  # Django 6.0's cell and the fast lane run the fast tests only: those not marked slow
+  # (pyproject.toml). The fast lane measures no coverage.
+  if [ "$django" = 6.0 ] || [ -n "$FAST" ]; then marks=(-m "not slow"); fi
+  [ -n "$FAST" ] && cov=()
   # Django 6.1 on PostgreSQL runs with psycopg's prepared statements on, so the
   # worker's prepared hot path is tested as well as the default one.
   [ "$cell" = 6.1:postgres ] && prepare=0
@@ -117,7 +171,7 @@ run_cell() {
   OUTBOX_TEST_DJANGO_MAIL_TESTS="$ROOT/$venv/django-tests" \
   COVERAGE_FILE="$dir/coverage/.coverage" \
     "$venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$dir/pytest" \
-      --cov=outbox --cov-report= "${marks[@]}" "$@"
+      "${cov[@]}" "${marks[@]}" "$@"
 }
 
 # Each cell's redis-server is started here, so that the EXIT trap stops it by pid.
@@ -207,14 +261,17 @@ while [ "$(running_cells)" -gt 0 ]; do print_finished; sleep 1; done
 for cell in "${cells[@]}"; do wait "${CELL_PID[$cell]}" || true; done
 print_finished
 
-log "coverage (all cells, with worker and sweeper subprocesses)"
-shopt -s nullglob dotglob
-data=("$WORK"/*/coverage/.coverage*)
-shopt -u nullglob dotglob
-if [ ${#data[@]} -gt 0 ]; then
-  # combine deletes the files it read; the result is .coverage at the top.
-  .venv/bin/python -m coverage combine -q "${data[@]}" || true
-  .venv/bin/python -m coverage report || true
+if [ -z "$FAST" ]; then
+  shopt -s nullglob dotglob
+  data=("$WORK"/*/coverage/.coverage*)
+  shopt -u nullglob dotglob
+  # combine deletes the files it read; the result is .coverage at the top, for
+  # `.venv/bin/python -m coverage report -m` (every module, with its missing lines).
+  if [ ${#data[@]} -gt 0 ] && .venv/bin/python -m coverage combine -q "${data[@]}"; then
+    log "coverage: $(.venv/bin/python -m coverage report --format=total)% of outbox/ (all cells," \
+      "with worker and sweeper subprocesses); the least covered modules:"
+    .venv/bin/python -m coverage report --sort=cover --skip-covered | sed -n '1,10p' || true
+  fi
 fi
 
 log "summary ($((SECONDS - START)) s in all)"

@@ -30,7 +30,7 @@ from outbox.queue import control
 from outbox.status import collect, render
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
 from tests.delivery import deliver, use_outbox
-from tests.esp import MAILGUN_BACKEND, POSTMARK_BACKEND, FakeESP, anymail_settings
+from tests.esp import MAILGUN_BACKEND, POSTMARK_BACKEND, FakeESP, anymail_settings, worker_env
 from tests.processes import Run
 from tests.servers import wait_until
 
@@ -67,14 +67,13 @@ def delivering(settings, default: str, bulk: str | None = None) -> None:
 
 def env(esp: FakeESP, **extra: str) -> dict[str, str]:
     """A worker delivering through Postmark, with the mailer "bulk" through Mailgun."""
-    return {
-        "OUTBOX_TEST_EMAIL_BACKEND": POSTMARK_BACKEND,
-        "OUTBOX_TEST_BULK_BACKEND": MAILGUN_BACKEND,
-        "OUTBOX_TEST_ESP_URL": esp.url,
-        "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
-        "OUTBOX_TEST_MAILER_PAUSE": PAUSE,
+    return worker_env(
+        esp,
+        TIMEOUT,
+        OUTBOX_TEST_BULK_BACKEND=MAILGUN_BACKEND,
+        OUTBOX_TEST_MAILER_PAUSE=PAUSE,
         **extra,
-    }
+    )
 
 
 def rows(settings, default: int, bulk: int) -> tuple[list[Delivery], list[Delivery]]:

@@ -30,6 +30,7 @@ from outbox.models import Attempt, Delivery, Suppression
 from outbox.queue import control
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
 from tests.esp import (
+    HEARTBEATS,
     MAILGUN_BACKEND,
     POSTMARK_BACKEND,
     FakeESP,
@@ -37,6 +38,7 @@ from tests.esp import (
     basic_auth,
     mailgun_event,
     postmark_event,
+    worker_env,
 )
 from tests.servers import free_port, wait_until
 
@@ -48,8 +50,6 @@ pytestmark = slow_processes(
 Status = Delivery.Status
 Outcome = Attempt.Outcome
 TIMEOUT = 0.6  # anymail's REQUESTS_TIMEOUT; the fake's "slow" answers after 2 s
-# A worker is declared dead (and its lease runs out) sooner than with the suite's 3 s.
-HEARTBEATS = {"OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5", "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25"}
 
 
 @pytest.fixture(autouse=True)
@@ -59,14 +59,9 @@ def fresh(esp: FakeESP, settings) -> None:
 
 
 def env(esp: FakeESP, backend: str = POSTMARK_BACKEND, **extra: str) -> dict[str, str]:
-    return {
-        "OUTBOX_TEST_EMAIL_BACKEND": backend,
-        "OUTBOX_TEST_ESP_URL": esp.url,
-        "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
-        "OUTBOX_TEST_ABANDONED_POLICY": "review",
-        **HEARTBEATS,
-        **extra,
-    }
+    return worker_env(
+        esp, TIMEOUT, backend, **{"OUTBOX_TEST_ABANDONED_POLICY": "review", **HEARTBEATS, **extra}
+    )
 
 
 def post(esp_name: str, body: object) -> int:

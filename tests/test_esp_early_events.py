@@ -24,7 +24,7 @@ from outbox.models import Attempt, Delivery
 from outbox.sweeper import Sweeper
 from tests.cells import slow_processes
 from tests.delivery import use_outbox
-from tests.esp import POSTMARK_BACKEND, FakeESP, anymail_settings
+from tests.esp import HEARTBEATS, POSTMARK_BACKEND, FakeESP, anymail_settings, worker_env
 from tests.processes import process_state
 from tests.servers import runserver, wait_until
 
@@ -54,15 +54,9 @@ def fresh(esp: FakeESP, settings, webhooks) -> None:
 
 
 def env(esp: FakeESP, policy: str = "review", **extra: str) -> dict[str, str]:
-    return {
-        "OUTBOX_TEST_EMAIL_BACKEND": POSTMARK_BACKEND,
-        "OUTBOX_TEST_ESP_URL": esp.url,
-        "OUTBOX_TEST_ESP_TIMEOUT": str(TIMEOUT),
-        "OUTBOX_TEST_ABANDONED_POLICY": policy,
-        "OUTBOX_TEST_HEARTBEAT_TIMEOUT": "1.5",
-        "OUTBOX_TEST_HEARTBEAT_INTERVAL": "0.25",
-        **extra,
-    }
+    return worker_env(
+        esp, TIMEOUT, **{"OUTBOX_TEST_ABANDONED_POLICY": policy, **HEARTBEATS, **extra}
+    )
 
 
 def settled(pk: int, *statuses: str, timeout: float = 30) -> Delivery:

@@ -24,7 +24,15 @@ from outbox.models import Attempt, Delivery, Suppression
 from outbox.sweeper import Sweeper
 from tests.cells import EACH_DJANGO_AND_DATABASE, slow_processes
 from tests.delivery import deliver, use_outbox
-from tests.esp import POSTMARK_BACKEND, FakeESP, anymail_settings, basic_auth, postmark_event
+from tests.esp import (
+    HEARTBEATS,
+    POSTMARK_BACKEND,
+    FakeESP,
+    anymail_settings,
+    basic_auth,
+    postmark_event,
+    worker_env,
+)
 from tests.processes import process_state
 from tests.servers import wait_until
 
@@ -222,13 +230,13 @@ def test_a_worker_killed_with_companions_marked_leaves_all_of_them_to_the_sweepe
     proc = worker_process(
         "--concurrency",
         "1",
-        OUTBOX_FAULT_POINT="after_mark_companions",
-        OUTBOX_TEST_EMAIL_BACKEND=POSTMARK_BACKEND,
-        OUTBOX_TEST_ESP_URL=esp.url,
-        OUTBOX_TEST_ESP_TIMEOUT=str(TIMEOUT),
-        OUTBOX_TEST_ABANDONED_POLICY="review",
-        OUTBOX_TEST_HEARTBEAT_TIMEOUT="1.5",
-        OUTBOX_TEST_HEARTBEAT_INTERVAL="0.25",
+        **worker_env(
+            esp,
+            TIMEOUT,
+            OUTBOX_FAULT_POINT="after_mark_companions",
+            OUTBOX_TEST_ABANDONED_POLICY="review",
+            **HEARTBEATS,
+        ),
     )
     wait_until(lambda: process_state(proc) == "T", timeout=30)
     assert {d.status for d in rows().values()} == {Status.PROCESSING}

@@ -82,7 +82,7 @@ class _Node:
 
     def start(self) -> _Node:
         exe = shutil.which("redis-server")
-        assert exe, "redis-server is not installed (tests/lib.sh ensure_redis_server installs it)"
+        assert exe, "redis-server is not installed (tests/lib.sh ensure_tools installs it)"
         self.log = (self.dir / "log").open("wb")
         self.process = subprocess.Popen(
             [exe, *self.args], cwd=self.dir, stdout=self.log, stderr=subprocess.STDOUT

@@ -24,8 +24,7 @@ cd "$ROOT"
 trap stop_started EXIT
 
 ensure_dev_venv
-ensure_redis_server
-ensure_faketime  # the skewed-clock worker and web host (tests/chaos/faults/skew.py, slow_web_host.py)
+ensure_tools redis faketime  # faketime: the skewed-clock worker and web host (tests/chaos/faults/skew.py, slow_web_host.py)
 
 db=postgres
 prev=""
