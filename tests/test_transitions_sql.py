@@ -1,5 +1,7 @@
-"""What the transitions table runs, on both paths.
+"""What the transitions table runs, as SQL (outbox/transitions/sql/) and on both paths.
 
+- ``outbox/transitions/sql/<database>.sql`` is what the table renders now, and
+  ``python -m outbox.transitions`` prints it;
 - every transition renders to an ORM update as well as to its statement;
 - the mark and the companions' mark write the same rows through the ORM as
   through the worker's statements, an expired row included.
@@ -7,8 +9,12 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import uuid
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,14 +22,57 @@ from django.utils import timezone
 
 from outbox import enqueue_email, transitions
 from outbox.models import Delivery
+from outbox.transitions import dump, table
 from outbox.worker import sql
 
 Status = Delivery.Status
+ROOT = Path(__file__).resolve().parent.parent
 TOKEN = uuid.UUID(int=7)
 WORKER = "w#1"
 BEFORE = timezone.now() - timedelta(hours=1)
 LATER = timezone.now() + timedelta(hours=1)
 on_the_database = pytest.mark.django_db(transaction=True)
+
+
+# -- the checked-in SQL ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("vendor", dump.DATABASES)
+def test_the_checked_in_sql_is_what_the_table_renders(vendor):
+    written = dump.path(vendor).read_text() if dump.path(vendor).exists() else ""
+    assert written == dump.dump(vendor), (
+        f"{dump.path(vendor).relative_to(ROOT)} is not what outbox/transitions/ renders now: "
+        f"run {dump.COMMAND} and commit the result"
+    )
+
+
+@pytest.mark.parametrize("vendor", dump.DATABASES)
+def test_each_statement_follows_a_comment_naming_where_it_comes_from(vendor):
+    blocks = dump.dump(vendor).split("\n\n")
+    statements = [b for b in blocks if not all(line.startswith("--") for line in b.splitlines())]
+    for block in statements:
+        comment, text = block.split("\n", 1)
+        assert comment.startswith("-- ") and not text.startswith("--"), block
+    functions = 2 if vendor == "postgresql" else 0  # outbox_step, outbox_steps
+    assert len(statements) == len(transitions.ALL) + functions
+    for name, change in vars(table).items():
+        if isinstance(change, transitions.Transition):
+            assert f'-- {name} ("{change.name}")' in dump.dump(vendor)
+
+
+def test_one_command_prints_a_databases_sql_without_a_settings_module():
+    env = {k: v for k, v in os.environ.items() if k != "DJANGO_SETTINGS_MODULE"}
+    done = subprocess.run(
+        [sys.executable, "-m", "outbox.transitions", "sqlite"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == dump.dump("sqlite")
 
 
 # -- every transition on both paths -----------------------------------------------------------
@@ -45,7 +94,7 @@ def _params(now: Any) -> dict[str, Any]:
     }
 
 
-@pytest.mark.parametrize("vendor", ("postgresql", "sqlite"))
+@pytest.mark.parametrize("vendor", dump.DATABASES)
 @pytest.mark.parametrize("change", transitions.ALL, ids=lambda t: t.name)
 def test_every_transition_renders_to_its_statement_and_to_the_orm(change, vendor):
     params = _params(timezone.now())
