@@ -2,7 +2,9 @@
 
 What runs once per email is raw SQL: the ORM's query building costs more CPU
 than the round trip. The statements themselves, with the rules they keep, are
-in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``): each is one
+in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``), and those that
+write a status are rendered from the table by :mod:`outbox.transitions.hotpath`
+(all of them, as SQL: ``outbox/transitions/sql/``): each is one
 conditional write that repeats the state the row must be in, so a stale id or
 a late worker changes nothing. Whether a row is due is decided by the
 database's own clock on PostgreSQL and by Redis time on SQLite, never by the
