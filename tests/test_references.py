@@ -41,7 +41,6 @@ SCANNED = (".py", ".md", ".sh", ".lua", ".toml", ".html", ".cfg")
 
 # Files named in the text that are not the project's: each with why.
 EXTERNAL_FILES = {
-    "__main__.py": "the module `python -m` runs",
     "tests.py": "a file of Django's own tests/mail/",
     "test_backends.py": "a file of Django's own tests/mail/",
     "test_deprecated.py": "a file of Django's own tests/mail/",

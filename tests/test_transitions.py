@@ -6,7 +6,7 @@
   another token: the count of rows it changed is the caller's answer;
 - nothing else in the package writes a delivery's status;
 - the PL/pgSQL step functions the newest migration installs are the ones the
-  table renders now (``outbox/worker/functions.py``).
+  table renders now (``outbox.transitions.hotpath``).
 """
 
 from __future__ import annotations
@@ -34,9 +34,8 @@ OTHER = uuid.UUID(int=8)
 BEFORE = timezone.now() - timedelta(hours=1)
 PACKAGE = Path(__file__).resolve().parent.parent / "outbox"
 
-# Every transition the ORM runs (the mark runs only as its statement: its
-# own tests are the worker's step, tests/test_step.py).
-# The worker's statements alone: the mark and its companions' (whose rows are a message's).
+# Every transition these rows and parameters fit; the mark and its companions'
+# (a due row, a message's rows) are compared on both paths in test_transitions_sql.py.
 ORM = [t for t in transitions.ALL if not {transitions.DUE, transitions.COMPANIONS} & set(t.guard)]
 # Enqueue pushes after its commit: real transactions.
 on_the_database = pytest.mark.django_db(transaction=True)

@@ -128,7 +128,8 @@ RETURNING id, email_id, message_id, now()
 # The step's two writes, the success (step 4) and the mark (step 2), are
 # transitions (``outbox/transitions/table.py``: SENT and MARK); the worker
 # runs them rendered for PostgreSQL on its general path, and as the function
-# below, which the same table renders (``outbox/worker/functions.py``).
+# below, which the same table renders (``outbox/transitions/hotpath.py``; the
+# statements as SQL: ``outbox/transitions/sql/postgresql.sql``).
 
 # Steps 4 and 2 and the next email's content in one call of outbox_step: SENT
 # and MARK, then EMAIL, as one transaction (a call in autocommit is
@@ -140,7 +141,7 @@ SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worke
 
 # Several threads' steps in one statement, so in one commit (the worker's group
 # commit, ``outbox/worker/group_commit.py``): outbox_steps, two set-based
-# UPDATEs for the whole batch; ``outbox/worker/functions.py`` says why each step's row is what the
+# UPDATEs for the whole batch; ``outbox/transitions/hotpath.py`` says why each step's row is what the
 # step would give alone (a row claimed twice in one batch goes to one of them only).
 STEPS_CALL = """
 SELECT * FROM outbox_steps(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],

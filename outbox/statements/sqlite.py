@@ -1,7 +1,7 @@
 """The SQLite hot path, whole: every statement that runs once per email or per call.
 
 - ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
-  step's two UPDATEs are rendered from ``outbox/transitions/``);
+  step's two UPDATEs are rendered from the table by ``outbox.transitions.hotpath``);
 - ``EMAIL``: an email's content, when the claim did not bring it;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
@@ -27,20 +27,19 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 # -- the worker ---------------------------------------------------------------------------
 
 # The worker's step is two transitions of ``outbox/transitions/table.py`` (SENT and
-# MARK), rendered for SQLite there and run in one transaction
-# (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The claim's
-# RETURNING brings the email's content too, as one JSON object built by this
-# subquery, keyed by column name, unless the worker has it cached (%(known)s).
-CLAIMED_CONTENT = """,
-    CASE WHEN email_id = %(known)s THEN NULL ELSE (
+# MARK), rendered for SQLite by ``outbox.transitions.hotpath`` and run in one
+# transaction (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The
+# claim's RETURNING brings the email's content too, as one JSON object built by
+# this subquery, keyed by column name, unless the worker has it cached (%(known)s);
+# ``outbox/transitions/sql/sqlite.sql`` shows the claim whole.
+CLAIMED_CONTENT = """CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_object('subject', e.subject, 'body', e.body,
             'html_message', e.html_message, 'from_email', e.from_email,
             'reply_to', json(e.reply_to), 'headers', json(e.headers), 'mailer', e.mailer,
             'has_attachments', EXISTS (SELECT 1 FROM outbox_attachment a WHERE a.email_id = e.id),
             'structure', json(e.structure))
         FROM outbox_email e WHERE e.id = email_id
-    ) END AS content
-"""
+    ) END AS content"""
 
 # An email's content, when the claim did not bring it.
 EMAIL = """

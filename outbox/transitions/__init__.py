@@ -8,11 +8,12 @@ writes (``sets``). Nothing else in the package writes a status. Two renderings
 are derived from the same entry:
 
 - :meth:`Transition.sql`: the statement's text for one database, which the
-  worker's step runs (``MARK`` and ``SENT``: see ``outbox/worker/sql.py``), also
-  inside its PL/pgSQL functions (``outbox/worker/functions.py``);
+  worker runs for its claim, its success and a message's companions, also
+  inside its PL/pgSQL functions (all four written in ``hotpath.py``);
 - :meth:`Transition.values` and :meth:`Transition.match`: the same write as a
   Django ``QuerySet.update()``, which the worker's other outcomes and every
-  operator or sweeper change run (:mod:`outbox.operations`).
+  operator or sweeper change run (:mod:`outbox.operations`). Every transition
+  renders both ways, so none can be used on a path it cannot run on.
 
 What a database does differently is written in ``render.py`` only: whose clock
 (``_Clock``: whether a row is due or expired, and the time written where the
@@ -24,46 +25,69 @@ time, or an operator's host time), and how the later of two times is spelt
 A count of the rows changed is the answer of every transition: 0 means the row
 was not in a source status (settled by someone else, a stale id, a late
 worker), and the caller acts on that, never on a status it read before.
+
+What runs, as SQL: ``sql/postgresql.sql`` and ``sql/sqlite.sql`` hold every
+statement above for each database, PostgreSQL's function DDL included, each
+under a comment naming its transition; ``python -m outbox.transitions --write``
+writes them and ``tests/test_transitions_sql.py`` fails while they differ from
+what the table renders. Design note: they are written out and checked rather
+than only printed on demand, so that a change to the table or the renderer
+shows in review as a diff of the SQL it changes, next to the Python that
+changed it, and a reader can open the SQL without running anything.
+
+Importing this package loads no model until a name is used, so that
+``python -m outbox.transitions`` can set Django up first.
 """
 
-from .render import (
-    CLOCK,
-    COMPANIONS,
-    DUE,
-    TOKEN,
-    UNEXPIRED,
-    Column,
-    Const,
-    IfExpired,
-    NotBefore,
-    Param,
-    Placeholder,
-    Transition,
-    named,
-)
-from .table import (
-    ABANDON,
-    ALL,
-    CANCEL,
-    DROPPED,
-    EXPIRE,
-    FAIL_DEAD,
-    FAILED,
-    IN_DOUBT,
-    MARK,
-    MARK_COMPANIONS,
-    MARK_FAILED,
-    MARK_SENT,
-    NOTE_SERVER,
-    RELEASE,
-    RELEASE_COMPANIONS,
-    REQUEUE,
-    REQUEUE_DEAD,
-    REQUEUE_NOT_SENT,
-    REQUEUE_NOW,
-    RETRY,
-    SENT,
-)
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .render import (
+        CLOCK,
+        COMPANIONS,
+        DUE,
+        TOKEN,
+        UNEXPIRED,
+        Column,
+        Const,
+        IfExpired,
+        NotBefore,
+        Param,
+        Placeholder,
+        Transition,
+        named,
+    )
+    from .table import (
+        ABANDON,
+        ALL,
+        CANCEL,
+        DROPPED,
+        EXPIRE,
+        FAIL_DEAD,
+        FAILED,
+        IN_DOUBT,
+        MARK,
+        MARK_COMPANIONS,
+        MARK_FAILED,
+        MARK_SENT,
+        NOTE_SERVER,
+        RELEASE,
+        RELEASE_COMPANIONS,
+        REQUEUE,
+        REQUEUE_DEAD,
+        REQUEUE_NOT_SENT,
+        REQUEUE_NOW,
+        RETRY,
+        SENT,
+    )
+
+_RENDER = {
+    "CLOCK", "COMPANIONS", "DUE", "TOKEN", "UNEXPIRED", "Column", "Const", "IfExpired",
+    "NotBefore", "Param", "Placeholder", "Transition", "named",
+}  # fmt: skip
 
 __all__ = [
     "ABANDON",
@@ -101,3 +125,10 @@ __all__ = [
     "Transition",
     "named",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    home = import_module(".render" if name in _RENDER else ".table", __name__)
+    return getattr(home, name)

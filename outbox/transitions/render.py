@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.db import connections
-from django.db.models import DateTimeField, F, Func, Q, Value
+from django.db.models import Case, DateTimeField, F, Field, Func, Q, Value, When
 from django.db.models.functions import Greatest
 
 from ..models import Delivery, InstantField, outbox_alias
@@ -154,7 +154,34 @@ class IfExpired:
         )
 
     def orm(self, vendor: str, params: Mapping[str, Any]) -> Any:
-        raise TypeError("the mark runs as its statement only (the worker's step)")
+        # Typed as the column it keeps, if either branch keeps one (a text
+        # parameter and a TextField would otherwise be "mixed types").
+        kept = [
+            Delivery._meta.get_field(v.name)
+            for v in (self.then, self.otherwise)
+            if isinstance(v, Column)
+        ]
+        return Case(
+            When(
+                expires_at__lte=INSTANT_CLOCK.orm(vendor, params),
+                then=_expression(self.then.orm(vendor, params)),
+            ),
+            default=_expression(self.otherwise.orm(vendor, params)),
+            output_field=kept[0] if kept and isinstance(kept[0], Field) else None,
+        )
+
+
+def _expression(value: Any) -> Any:
+    # Case and When would read a string as a column's name: a value is wrapped.
+    return value if hasattr(value, "resolve_expression") else Value(value)
+
+
+def _listed(columns: tuple[str, ...]) -> str:
+    """``a, b, c``; an expression over several lines starts a line of its own."""
+    text = columns[0]
+    for column in columns[1:]:
+        text += (",\n    " if "\n" in column else ", ") + column
+    return text
 
 
 # -- a transition ------------------------------------------------------------------------
@@ -221,35 +248,56 @@ class Transition:
         text = f"UPDATE {TABLE} SET\n    {sets}\n"
         if join:
             text += f"FROM {join}\n"
-        text += "WHERE " + " AND ".join(where) + "\n"
+        text += "WHERE " + "\n    AND ".join(where) + "\n"
         returns = self.returns if returning is None else returning
         if returns:
-            text += "RETURNING " + ", ".join(returns) + "\n"
+            text += f"RETURNING {_listed(returns)}\n"
         return text
 
-    def match(self, token: Any = None) -> Q:
-        """The rows it may change, for an ORM filter (ids and other conditions are the caller's)."""
+    def match(self, token: Any = None, vendor: str = "", **params: Any) -> Q:
+        """The rows it may change, for an ORM filter: the statement's ``WHERE`` but for the id.
+
+        A guard on the clock (due, unexpired) needs ``vendor`` and ``now``;
+        the companions' needs ``email`` and ``id`` (the claimed row's).
+        """
+        if {DUE, UNEXPIRED} & set(self.guard) and not vendor:
+            raise ValueError(
+                f"{self.name}: whose clock decides depends on the database: pass vendor"
+            )
         found = Q(status__in=list(self.source))
+        if COMPANIONS in self.guard:
+            found &= Q(email_id=params["email"]) & ~Q(pk=params["id"])
         if TOKEN in self.guard:
             found &= Q(claim_token=token)
-        if DUE in self.guard or COMPANIONS in self.guard:
-            raise ValueError(f"{self.name}: runs as the worker's statement only")
+        if DUE in self.guard:
+            found &= Q(not_before__lte=INSTANT_CLOCK.orm(vendor, params))
+        if UNEXPIRED in self.guard:
+            clock = INSTANT_CLOCK.orm(vendor, params)
+            found &= Q(expires_at__isnull=True) | Q(expires_at__gt=clock)
         return found
 
     def values(self, vendor: str, **params: Any) -> dict[str, Any]:
         """The columns it writes, for ``QuerySet.update(**values)``."""
         return {col: v.orm(vendor, params) for col, v in self.sets.items()}
 
-    def apply(self, pk: int, token: uuid.UUID | None = None, **params: Any) -> int:
-        """Run it on one row through the ORM, on the outbox's database; the rows changed (0 or 1).
+    def apply(self, pk: int | None, token: uuid.UUID | None = None, **params: Any) -> int:
+        """Run it through the ORM, on the outbox's database; the rows changed.
 
-        ``token`` is the attempt's claim token when the transition is guarded
-        by it; ``params`` are the values its ``sets`` name (extra ones are ignored).
+        On the row ``pk`` (0 or 1), or on the companions of ``params["id"]``
+        (``pk`` None). ``token`` is the attempt's claim token: the one
+        the row must have when the transition is guarded by it, the one a
+        mark writes; ``params`` are the values its ``sets``
+        and guards name (extra ones are ignored).
         """
+        if pk is None and COMPANIONS not in self.guard:
+            raise ValueError(f"{self.name}: on one row: pass its pk")
         using = outbox_alias()
         vendor = connections[using].vendor
-        rows = Delivery.objects.using(using).filter(self.match(token), pk=pk)
-        return rows.update(**self.values(vendor, **params))
+        rows = Delivery.objects.using(using).filter(self.match(token, vendor, **params))
+        if pk is not None:
+            rows = rows.filter(pk=pk)
+        # One token, as in the statement: the guard's and the one written (the marks').
+        return rows.update(**self.values(vendor, token=token, **params))
 
     def keeps_schedule(self) -> bool:
         """Whether a requeued row keeps a ``not_before`` still ahead (its push must too)."""

@@ -2,7 +2,9 @@
 
 What runs once per email is raw SQL: the ORM's query building costs more CPU
 than the round trip. The statements themselves, with the rules they keep, are
-in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``): each is one
+in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``), and those that
+write a status are rendered from the table by :mod:`outbox.transitions.hotpath`
+(all of them, as SQL: ``outbox/transitions/sql/``): each is one
 conditional write that repeats the state the row must be in, so a stale id or
 a late worker changes nothing. Whether a row is due is decided by the
 database's own clock on PostgreSQL and by Redis time on SQLite, never by the
@@ -30,7 +32,7 @@ from ..db import binding_cursor, rows_by_name
 from ..models import Delivery, Email, epoch, outbox_alias, stored
 from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
-from ..transitions import named
+from ..transitions import hotpath
 from .rows import (
     ClaimColumns,
     ClaimedRow,
@@ -56,20 +58,6 @@ def _db() -> BaseDatabaseWrapper:
 def _statements(db: BaseDatabaseWrapper) -> ModuleType:
     """The statements of ``db``: PostgreSQL's, or SQLite's (which take the clock)."""
     return postgresql if db.vendor == "postgresql" else sqlite
-
-
-@functools.cache
-def _sent(vendor: str) -> str:
-    """Step 4 for a success (:data:`outbox.transitions.SENT`), on the row ``settle_id``."""
-    return transitions.SENT.sql(vendor, named(id="settle_id", token="settle_token"))
-
-
-@functools.cache
-def _claim(vendor: str) -> str:
-    """Step 2 (:data:`outbox.transitions.MARK`), on the row ``claim_id``; SQLite's brings
-    the email's content too (``sqlite.CLAIMED_CONTENT``)."""
-    text = transitions.MARK.sql(vendor, named(id="claim_id"))
-    return text if vendor == "postgresql" else text.rstrip() + sqlite.CLAIMED_CONTENT
 
 
 def _params(
@@ -107,7 +95,7 @@ def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> Claim
     db = _db()
     with db.cursor() as cursor:
         cursor.execute(
-            _claim(db.vendor), _params(db, now, claim_id=pk, worker=worker_id, token=token)
+            hotpath.claim(db.vendor), _params(db, now, claim_id=pk, worker=worker_id, token=token)
         )
         found = cursor.fetchone()
         if found is None:
@@ -228,10 +216,10 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
                 params = _step_params(step, db)
                 settled, row = 0, None
                 if step.settle is not None:
-                    cursor.execute(_dbapi_text(_sent("sqlite")), params)
+                    cursor.execute(_dbapi_text(hotpath.sent("sqlite")), params)
                     settled = cursor.rowcount
                 if step.claim_id is not None:
-                    cursor.execute(_dbapi_text(_claim("sqlite")), params)
+                    cursor.execute(_dbapi_text(hotpath.claim("sqlite")), params)
                     claimed = cursor.fetchone()
                     if claimed is not None:
                         row = rows_by_name.one(ClaimColumns, cursor, claimed)
@@ -272,7 +260,7 @@ def _dbapi_text(template: str) -> str:
 def mark_sent(pk: int, token: uuid.UUID, now: datetime) -> int:
     db = _db()
     with db.cursor() as cursor:
-        cursor.execute(_sent(db.vendor), _params(db, now, settle_id=pk, settle_token=token))
+        cursor.execute(hotpath.sent(db.vendor), _params(db, now, settle_id=pk, settle_token=token))
         return int(cursor.rowcount)
 
 
@@ -288,7 +276,7 @@ def mark_companions(lead: Delivery, worker_id: str, now: datetime) -> list[Deliv
     assert token is not None  # the lead is marked
     with db.cursor() as cursor:
         cursor.execute(
-            _companions(db.vendor),
+            hotpath.companions(db.vendor),
             {
                 **_params(db, now, worker=worker_id, token=token),
                 "email": lead.email_id,
@@ -311,7 +299,7 @@ def release_companions(lead: Delivery, now: datetime) -> int:
     db = _db()
     with db.cursor() as cursor:
         cursor.execute(
-            transitions.RELEASE_COMPANIONS.sql(db.vendor),
+            hotpath.release_companions(db.vendor),
             {
                 **_params(db, now, token=lead.claim_token),
                 "email": lead.email_id,
@@ -320,11 +308,6 @@ def release_companions(lead: Delivery, now: datetime) -> int:
             },
         )
         return int(cursor.rowcount)
-
-
-@functools.cache
-def _companions(vendor: str) -> str:
-    return transitions.MARK_COMPANIONS.sql(vendor)
 
 
 def unclaim(pk: int, token: uuid.UUID, now: datetime, not_before: datetime | None = None) -> int:
