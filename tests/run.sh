@@ -171,7 +171,7 @@ run_cell() {
   OUTBOX_TEST_DJANGO_MAIL_TESTS="$ROOT/$venv/django-tests" \
   COVERAGE_FILE="$dir/coverage/.coverage" \
     "$venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$dir/pytest" \
-      "${cov[@]}" "${marks[@]}" "$@"
+      --junitxml="$dir/junit.xml" "${cov[@]}" "${marks[@]}" "$@"
 }
 
 # Each cell's redis-server is started here, so that the EXIT trap stops it by pid.
@@ -285,6 +285,11 @@ for cell in "${cells[@]}"; do
   printf '%-13s Python %-7s %s in %s s   %s\n' "$cell" \
     "$(python_version "${VENV[$django]}/bin/python")" "$word" \
     "$(cat "${CELL_DIR[$cell]}/seconds")" "${line:-no pytest summary}"
+done
+
+# Where the time went, to keep the cells balanced (tests/cells.py).
+for cell in "${cells[@]}"; do
+  .venv/bin/python -m tests.durations "$cell" "${CELL_DIR[$cell]}/junit.xml" || true
 done
 
 if [ ${#failed[@]} -gt 0 ]; then

@@ -131,6 +131,7 @@ def build_wheel(tmp_path: Path) -> Path:
         "outbox/queue/lua/forget_stale.lua",
         "outbox/management/commands/outbox_worker.py",
         "outbox/management/commands/outbox_sweep.py",
+        "outbox/transitions/sql/postgresql.sql",
     ):
         assert required in names
     assert not any(n.startswith(("tests/", "example_project/")) for n in names)
