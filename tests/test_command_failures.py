@@ -99,7 +99,10 @@ def test_a_worker_refuses_an_unmigrated_database_and_migrate_is_not_stopped(tmp_
     result = manage("outbox_worker", "--burst", **env)
     assert result.returncode == 1, result.stdout + result.stderr
     assert "outbox.E025" in result.stderr
-    assert "is not migrated: outbox migrations 0001_initial" in result.stderr
+    assert (
+        "is not migrated: outbox migrations 0001_squashed_0018_delivery_instants not applied"
+        in result.stderr
+    )
     assert "run manage.py migrate" in result.stderr
     assert "delivered" not in result.stderr  # it never started
     deploy = manage("check", "--deploy", "--database", "default", **env)
@@ -149,7 +152,10 @@ def test_a_sweep_without_the_database_fails():
 def test_a_sweep_on_an_unmigrated_database_says_so(tmp_path):
     result = manage("outbox_sweep", **unmigrated_database(tmp_path))
     assert result.returncode == 1, result.stdout + result.stderr
-    assert "is not migrated: outbox migrations 0001_initial" in result.stdout
+    assert (
+        "is not migrated: outbox migrations 0001_squashed_0018_delivery_instants not applied"
+        in result.stdout
+    )
     assert "no such table" not in result.stdout
 
 

@@ -1,16 +1,15 @@
-"""The tables: attempt outcomes, worker id columns, migrations, and --worker-id checks."""
+"""The tables: attempt outcomes, worker id columns, and --worker-id checks.
+
+Their migrations: tests/test_migrations.py.
+"""
 
 from __future__ import annotations
 
-import importlib
-import io
 import uuid
 
 import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from outbox import enqueue_email, operations
 from outbox.management.commands.outbox_worker import MAX_WORKER_ID_LENGTH
@@ -73,82 +72,6 @@ def test_an_operator_with_the_longest_username_is_logged_in_full(queue):
     assert operations.cancel([delivery.pk], actor).changed == [delivery.pk]
     attempt = Attempt.objects.get(delivery_id=delivery.pk)
     assert (attempt.actor, attempt.outcome) == (actor, Outcome.CANCELLED)
-
-
-@pytest.mark.django_db
-def test_no_model_change_lacks_a_migration():
-    out = io.StringIO()
-    call_command("makemigrations", "outbox", "--check", "--dry-run", stdout=out)
-    assert "No changes detected" in out.getvalue()
-
-
-@pytest.mark.django_db(transaction=True)
-def test_migration_0002_relabels_leftover_in_progress_attempts():
-    """An attempt the first worker version logged at claim time ends up ``abandoned``."""
-    executor = MigrationExecutor(connection)
-    executor.migrate([("outbox", "0001_initial")])
-    try:
-        old = executor.loader.project_state([("outbox", "0001_initial")]).apps
-        email = old.get_model("outbox", "Email").objects.create(subject="s", from_email="a@x.com")
-        delivery = old.get_model("outbox", "Delivery").objects.create(
-            email=email, recipient="b@x.com", message_id="<m@x.com>"
-        )
-        attempts = old.get_model("outbox", "Attempt").objects
-        attempts.create(delivery=delivery, number=1)  # the old default: in_progress
-        attempts.create(delivery=delivery, number=1, outcome="sent")
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes("outbox"))
-    assert sorted(Attempt.objects.values_list("outcome", flat=True)) == ["abandoned", "sent"]
-    assert Delivery.objects.count() == 1
-
-
-@pytest.mark.django_db(transaction=True)
-def test_migration_0015_fills_recipient_key_in_batches_and_marks_old_duplicates(monkeypatch):
-    """Existing rows get their normalised address; copies the old matching let through
-    under one idempotency key keep a marked key, and a retry now finds the first."""
-    migration = importlib.import_module("outbox.migrations.0015_delivery_recipient_key")
-    monkeypatch.setattr(migration, "BATCH", 2)  # several batches of a few rows
-    before = [("outbox", "0014_scale_indexes")]
-    executor = MigrationExecutor(connection)
-    executor.migrate(before)
-    try:
-        old = executor.loader.project_state(before).apps
-        email = old.get_model("outbox", "Email").objects.create(subject="s", from_email="a@x.com")
-        deliveries = old.get_model("outbox", "Delivery").objects
-        made = {
-            recipient: deliveries.create(
-                email=email, recipient=recipient, message_id=f"<{n}@x.com>", idempotency_key=key
-            ).pk
-            for n, (recipient, key) in enumerate(
-                [
-                    ("bob@example.com", "signup-7"),
-                    ("Bob <BOB@example.com>", "signup-7"),  # the second email the bug sent
-                    ("ALICE@Example.com", None),
-                    ("x@bücher.de", None),
-                    ("Carol <carol@example.com>", "signup-8"),
-                ]
-            )
-        }
-    finally:
-        executor = MigrationExecutor(connection)
-        executor.migrate(executor.loader.graph.leaf_nodes("outbox"))
-    rows = {
-        d.recipient: (d.recipient_key, d.idempotency_key) for d in Delivery.objects.order_by("pk")
-    }
-    first = made["bob@example.com"]
-    assert rows == {
-        "bob@example.com": ("bob@example.com", "signup-7"),
-        "Bob <BOB@example.com>": ("bob@example.com", f"signup-7 (duplicate of {first})"),
-        "ALICE@Example.com": ("alice@example.com", None),
-        "x@bücher.de": ("x@xn--bcher-kva.de", None),
-        "Carol <carol@example.com>": ("carol@example.com", "signup-8"),
-    }
-    [again] = enqueue_email("s", "b", None, ["BOB <bob@Example.com>"], idempotency_key="signup-7")
-    assert again.pk == first
-    [carol] = enqueue_email("s", "b", None, ["carol@example.com"], idempotency_key="signup-8")
-    assert carol.pk == made["Carol <carol@example.com>"]
-    assert Delivery.objects.count() == 5
 
 
 # -- outbox_worker --worker-id ------------------------------------------------------

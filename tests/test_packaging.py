@@ -123,6 +123,8 @@ def build_wheel(tmp_path: Path) -> Path:
     names = set(zipfile.ZipFile(wheel).namelist())
     for required in (
         "outbox/migrations/0001_initial.py",
+        "outbox/migrations/0001_squashed_0018_delivery_instants.py",
+        "outbox/CHANGELOG.md",
         "outbox/queue/lua/claim.lua",
         "outbox/queue/lua/_common.lua",
         "outbox/py.typed",
@@ -133,7 +135,7 @@ def build_wheel(tmp_path: Path) -> Path:
         "outbox/management/commands/outbox_sweep.py",
         "outbox/transitions/sql/postgresql.sql",
     ):
-        assert required in names
+        assert required in names, required
     assert not any(n.startswith(("tests/", "example_project/")) for n in names)
     return wheel
 

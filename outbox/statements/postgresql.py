@@ -15,7 +15,8 @@ What is here, in the order an email meets it:
   (``outbox/transitions/``);
 - the PL/pgSQL functions behind the ``..._CALL`` statements are created by
   migration ``outbox/migrations/0017_postgresql_functions.py``, which holds
-  their DDL.
+  their DDL (a new database: its copy in the squashed migration,
+  ``outbox/migrations/0001_squashed_0018_delivery_instants.py``).
 
 The code that runs them is in ``outbox/worker/sql.py`` and
 ``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
