@@ -70,9 +70,7 @@ def env(esp: FakeESP, **extra: str) -> dict[str, str]:
     return worker_env(
         esp,
         TIMEOUT,
-        OUTBOX_TEST_BULK_BACKEND=MAILGUN_BACKEND,
-        OUTBOX_TEST_MAILER_PAUSE=PAUSE,
-        **extra,
+        **{"OUTBOX_TEST_BULK_BACKEND": MAILGUN_BACKEND, "OUTBOX_TEST_MAILER_PAUSE": PAUSE, **extra},
     )
 
 
