@@ -50,6 +50,7 @@ from ..queue.clock import RedisClock
 from ..queue.control import ControlView
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
+from .alarm import FailureAlarm
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit, StepConnection
@@ -103,6 +104,8 @@ class Worker:
         # exit status (outage.py).
         self.give_up = GiveUp(give_up_after, self.stop_event)
         self.stats = Stats()
+        # Attempts and failures per mailer, for the failure alarm (alarm.py).
+        self.alarm = FailureAlarm(self.queue)
         self.clock = RedisClock()
         self.emails = EmailCache()
         # The operator's switches as the claims saw them (outbox/queue/control.py).
@@ -219,6 +222,7 @@ class Worker:
         while any(t.is_alive() for t in threads):
             for thread in threads:
                 thread.join(timeout=0.2)
+            self.alarm.tick()
             if time.monotonic() - last_summary >= self.summary_interval:
                 self.stats.summary(self.worker_id, time.monotonic() - last_summary)
                 last_summary = time.monotonic()
@@ -226,6 +230,7 @@ class Worker:
         self._heartbeat_stop.set()
         self.steps.close()
         heartbeat.join(timeout=5)
+        self.alarm.call()  # the last tallies, while the process is still registered
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
         self._deregister()
         logger.info(
