@@ -190,7 +190,9 @@ def _redis_families(redis: dict[str, Any], agreement: dict[str, Any] | None) -> 
 
 def _failure_families(failures: dict[str, Any]) -> list[Family]:
     """The failure alarm per mailer: the default one always, others with attempts or an alarm."""
-    mailers = {"": {"alarm": False, "attempts": 0, "failed": 0, "cause": ""}}
+    mailers: dict[str, dict[str, Any]] = {
+        "": {"alarm": False, "attempts": 0, "failed": 0, "cause": ""}
+    }
     mailers.update(failures["mailers"])
     window = f"{failures['window']:g}"
     rows = sorted(mailers.items())

@@ -3,10 +3,11 @@
 Every outcome of a hand-over is counted in memory, per mailer
 (:meth:`FailureAlarm.observe`, called by ``report.announce``): a dict update
 under a lock, no I/O. The tallies go to Redis (``queue.alarm.add``) from the
-process's main loop at most once a second (:meth:`FailureAlarm.tick`), and at
-once from the sender thread after a failure while this process knows of no
-alarm for its mailer, so the alarm starts with the failure that sets it off.
-A successful send never waits for Redis here.
+process's main loop (``process.py``, :meth:`FailureAlarm.tick`), at most
+once a second, and at once after a failure while this process knows of no
+alarm for its mailer (the failure sets ``wake``, the main loop's event), so the
+alarm starts with the failure that sets it off. A sender thread never waits
+for Redis here.
 
 Each call's reply says which mailers' alarms are on: while one is, the lines
 of its single failed attempts go down to DEBUG (:meth:`FailureAlarm.quiet`),
@@ -46,13 +47,19 @@ _FAILED = frozenset({Outcome.RETRY, Outcome.FAILED, Outcome.AMBIGUOUS})
 class FailureAlarm:
     """One worker process's tallies and its view of the alarms, shared by its threads."""
 
-    def __init__(self, queue: RedisQueue) -> None:
+    def __init__(self, queue: RedisQueue, wake: threading.Event | None = None) -> None:
         self.queue = queue
+        self.wake = wake or threading.Event()  # what the process's main loop waits on
         self._lock = threading.Lock()  # the tallies and the view
         self._calling = threading.Lock()  # one call at a time; a busy one is not waited for
         self._tallies: dict[str, alarm.Tally] = {}
         self._alarmed: frozenset[str] = frozenset()  # mailers whose alarm the last reply had on
         self._last_call = float("-inf")  # time.monotonic()
+        # Set by a failure that should reach Redis at once (it sets `wake` too).
+        self._wanted = False
+        # After a call Redis did not answer, a failure waits for the next
+        # second's call instead of calling at once.
+        self._quiet_until = float("-inf")
 
     def observe(self, s: Settlement) -> None:
         """Count one outcome: an attempt, and a failure with its cause (not a release)."""
@@ -71,17 +78,25 @@ class FailureAlarm:
                 tally.causes[s.cause or tidy_cause(s.error)] += 1
             now_too = failed and mailer not in self._alarmed
         if now_too:
-            self.call()
+            self._wanted = True
+            self.wake.set()
 
     def quiet(self, mailer: str) -> bool:
         """Whether ``mailer``'s alarm is on: its single failures are logged at DEBUG."""
         return mailer in self._alarmed
 
     def tick(self) -> None:
-        """From the main loop: send the tallies, or ask about a known alarm, once a second."""
+        """From the main loop: the call a failure wants, or the one a second.
+
+        Once a second only when there is something to send or an alarm to ask
+        about; a failure's own call not while Redis just failed to answer.
+        """
+        now = time.monotonic()
+        wanted = self._wanted and now >= self._quiet_until
+        self._wanted = False
         with self._lock:
             due = bool(self._tallies or self._alarmed)
-        if due and time.monotonic() - self._last_call >= CALL_EVERY:
+        if wanted or (due and now - self._last_call >= CALL_EVERY):
             self.call()
 
     def call(self) -> None:
@@ -95,6 +110,7 @@ class FailureAlarm:
             try:
                 now, mailers = alarm.add(tallies, self.queue)
             except RedisError as exc:
+                self._quiet_until = time.monotonic() + CALL_EVERY
                 logger.debug("could not count failures in Redis (%s); sending them later", exc)
                 with self._lock:
                     for mailer, tally in tallies.items():
