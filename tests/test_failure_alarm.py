@@ -182,7 +182,8 @@ def test_one_warning_when_it_begins_then_single_failures_go_to_debug(
     announce(settlement(Outcome.SENT, pk=31), 1, stats, "w#1", counter)
     alarm_lines = [r for r in caplog.records if "failure alarm" in r.getMessage()]
     assert [r.levelno for r in alarm_lines] == [logging.WARNING]
-    assert alarm_lines[0].getMessage().startswith(
+    message = alarm_lines[0].getMessage()
+    assert message.startswith(
         f"failure alarm for the default mailer: 5 of 5 attempts failed in the last 60s, "
         f"most often: {CAUSE}."
     )
@@ -236,7 +237,8 @@ def test_outbox_status_metrics_and_dashboard_show_it(rule, queue, client, admin_
         "FAILURE ALARM: the default mailer: 11 of 12 attempts failed in the last 1m00s (for "
     )
     assert text.splitlines()[2].endswith(f"most often: {CAUSE}")
-    assert "mailer 'bulk': 3, 1 failed\n" in text and "the default mailer: 12, 11 failed ALARM" in text
+    assert "mailer 'bulk': 3, 1 failed\n" in text
+    assert "the default mailer: 12, 11 failed ALARM" in text
     report = json.loads(status_text("--json"))
     assert report["redis"]["failures"]["window"] == 60.0
     assert report["redis"]["failures"]["mailers"][""] == {
@@ -273,7 +275,8 @@ def test_no_alarm_shows_nothing_loud(rule, queue, client, admin_client):
     body = client.get("/outbox/metrics", headers={"Authorization": f"Bearer {TOKEN}"})
     assert 'outbox_failure_alarm{mailer=""} 0' in body.content.decode().splitlines()
     assert "cause:" not in body.content.decode()
-    assert "outbox-failure-alarm" not in admin_client.get(reverse("admin:outbox_dashboard")).content.decode()
+    page = admin_client.get(reverse("admin:outbox_dashboard")).content.decode()
+    assert "outbox-failure-alarm" not in page
 
 
 # -- the check ----------------------------------------------------------------------------

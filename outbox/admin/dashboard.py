@@ -14,7 +14,8 @@ most frequent cause of its failures.
 The numbers are those of :func:`outbox.status.collect` (what ``manage.py
 outbox_status`` shows): five or six database queries and one Redis transaction
 (two round trips when the queued rows are few enough to compare with Redis id
-by id). The chart is one more query, grouping the sent rows of the last hour by
+by id), plus a round trip each for the pause switches, the rate limits (when
+set) and the failure alarm. The chart is one more query, grouping the sent rows of the last hour by
 the minute of ``sent_at`` and the failed ones by the minute of ``updated_at``.
 Each query reads a partial index that holds only the rows it counts, so none
 grows with the history of sent mail, except the count of sent rows itself: on

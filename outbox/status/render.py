@@ -82,8 +82,7 @@ def _render_failures(failures: dict[str, Any]) -> list[str]:
     window = _duration(failures["window"])
     if not failures["mailers"]:
         return [
-            _("Attempts in the last %(window)s: none (%(rule)s)")
-            % {"window": window, "rule": rule}
+            _("Attempts in the last %(window)s: none (%(rule)s)") % {"window": window, "rule": rule}
         ]
     lines = [_("Attempts in the last %(window)s (%(rule)s):") % {"window": window, "rule": rule}]
     for mailer, counts in sorted(failures["mailers"].items()):
