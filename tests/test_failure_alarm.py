@@ -205,6 +205,10 @@ def test_a_release_or_a_cancellation_is_no_attempt(rule, queue):
         counter.observe(settlement(outcome))
     counter.call()
     assert alarm.read(queue)[1] == []
+    # What is left goes as the worker stops.
+    counter.observe(settlement(Outcome.SENT))
+    counter.flush()
+    assert [(m.attempts, m.failures) for m in alarm.read(queue)[1]] == [(1, 0)]
 
 
 def test_redis_away_keeps_the_tallies_for_the_next_call(rule, redis_server):

@@ -99,6 +99,13 @@ class FailureAlarm:
         if wanted or (due and now - self._last_call >= CALL_EVERY):
             self.call()
 
+    def flush(self) -> None:
+        """As the worker stops: send the tallies not sent yet, if there are any."""
+        with self._lock:
+            pending = bool(self._tallies)
+        if pending:
+            self.call()
+
     def call(self) -> None:
         """Send the tallies and take the reply (logging its events); skipped if a call is on."""
         if not self._calling.acquire(blocking=False):

@@ -237,7 +237,7 @@ class Worker:
         self._heartbeat_stop.set()
         self.steps.close()
         heartbeat.join(timeout=5)
-        self.alarm.call()  # the last tallies, while the process is still registered
+        self.alarm.flush()  # the last tallies, while the process is still registered
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
         self._deregister()
         logger.info(
