@@ -111,8 +111,9 @@ def test_one_line_a_window_and_everywhere_within_seconds_then_it_clears(
     assert CAUSE in said[0] and "@" not in said[0]
     assert len(said) == 2 and "goes on" in said[1], said
     single = re.findall(r"delivery \d+: attempt \d+ of 1000 failed", output)
-    # The failures before the alarm (one per thread may pass while it is being set).
-    assert len(single) <= LEAST + 1, single
+    # The failures before the alarm, and the few that end while the worker's main
+    # loop asks Redis about the one that set it off.
+    assert len(single) <= 2 * LEAST, single
     assert failed >= EMAILS, failed  # many more than the lines that say so
 
     # The server takes mail again: every email goes, and the alarm clears.
