@@ -18,7 +18,6 @@ import pytest
 from django.core.management import call_command
 from django.urls import reverse
 
-from outbox.checks.alarm import check_failure_alarm
 from outbox.mail.failures import cause_of, tidy_cause
 from outbox.models import Attempt, Delivery, Email
 from outbox.queue import RedisQueue, alarm
@@ -281,34 +280,3 @@ def test_no_alarm_shows_nothing_loud(rule, queue, client, admin_client):
     assert "cause:" not in body.content.decode()
     page = admin_client.get(reverse("admin:outbox_dashboard")).content.decode()
     assert "outbox-failure-alarm" not in page
-
-
-# -- the check ----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("values", "says"),
-    [
-        ({"FAILURE_ALARM_WINDOW": "60"}, "expected a number"),
-        ({"FAILURE_ALARM_WINDOW": 0.5}, "from 1 to 86400 seconds"),
-        ({"FAILURE_ALARM_MIN": 2.5}, "expected an integer"),
-        ({"FAILURE_ALARM_MIN": 0}, "at least 1"),
-        ({"FAILURE_ALARM_SHARE": 0}, "above 0 and at most 1"),
-        ({"FAILURE_ALARM_SHARE": 1.5}, "above 0 and at most 1"),
-    ],
-)
-def test_check_e028(settings, values, says):
-    settings.OUTBOX = {**settings.OUTBOX, **values}
-    [error] = check_failure_alarm()
-    assert error.id == "outbox.E028" and says in error.msg
-
-
-def test_check_e028_is_quiet_on_the_defaults_and_sane_values(settings):
-    assert check_failure_alarm() == []
-    settings.OUTBOX = {
-        **settings.OUTBOX,
-        "FAILURE_ALARM_WINDOW": 5,
-        "FAILURE_ALARM_MIN": 1,
-        "FAILURE_ALARM_SHARE": 1,
-    }
-    assert check_failure_alarm() == []

@@ -1,7 +1,7 @@
 """System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email.
 
 One module per concern, each check registered on its own (``settings``,
-``alarm``, ``redis``, ``database``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
+``redis``, ``database``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
 ``reconcilers``, ``sqlite``, ``urls``, ``valve``); importing this package registers them all
 (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
@@ -9,7 +9,6 @@ English, as Django's own checks are.
 """
 
 from . import (
-    alarm,
     content,
     database,
     delivery,
@@ -25,7 +24,6 @@ from . import (
 )
 
 __all__ = [
-    "alarm",
     "content",
     "database",
     "delivery",
