@@ -74,6 +74,14 @@ DEFAULTS: dict[str, Any] = {
     # cannot be created, is paused: the first pause and the cap, in seconds;
     # each refusal after a pause doubles it.
     "MAILER_PAUSE": (30.0, 600.0),
+    # -- the failure alarm (outbox/queue/alarm.py) --
+    # Seconds of the sliding window the alarm counts attempts over; also how
+    # often the worker repeats its alarm line while the alarm lasts.
+    "FAILURE_ALARM_WINDOW": 60.0,
+    # A mailer's alarm is on while its failed attempts in the window reach both
+    # this many and this share of its attempts (failed ones included).
+    "FAILURE_ALARM_MIN": 10,
+    "FAILURE_ALARM_SHARE": 0.5,
     # -- automatic settlement of abandoned rows (outbox/sweeper/reconcile.py) --
     # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
     # about abandoned rows.
@@ -261,6 +269,20 @@ class OutboxSettings:
     @property
     def MAILER_PAUSE(self) -> tuple[float, float]:
         return self._pair("MAILER_PAUSE")
+
+    # -- the failure alarm --
+
+    @property
+    def FAILURE_ALARM_WINDOW(self) -> float:
+        return self._number("FAILURE_ALARM_WINDOW")
+
+    @property
+    def FAILURE_ALARM_MIN(self) -> int:
+        return self._integer("FAILURE_ALARM_MIN")
+
+    @property
+    def FAILURE_ALARM_SHARE(self) -> float:
+        return self._number("FAILURE_ALARM_SHARE")
 
     # -- automatic settlement of abandoned rows --
 

@@ -288,6 +288,24 @@ class RefusingOnce(SMTPRecorder):
         return "250 OK"
 
 
+@dataclass
+class RefusingSenders(SMTPRecorder):
+    """Answers every MAIL FROM with ``mail_reply`` while it is set (a relay refusing
+    the sender, a wrong credential's mail server); set it to "" to accept again."""
+
+    mail_reply: str = "451 4.7.1 Sender address rejected: try again later"
+
+    async def handle_MAIL(
+        self, server: Any, session: Any, envelope: Any, address: str, mail_options: Any
+    ) -> str:
+        reply = self.mail_reply
+        if reply:
+            return reply
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        return "250 OK"
+
+
 class SilentServer:
     """A TCP server on loopback that accepts connections and never sends anything.
 

@@ -31,6 +31,8 @@ database names:
   of the tests' own ("" leaves the setting out)
 - OUTBOX_TEST_BULK_BACKEND: a second mailer, "bulk", delivering through that backend
 - OUTBOX_TEST_MAILER_PAUSE: OUTBOX["MAILER_PAUSE"] as "base,cap"
+- OUTBOX_TEST_FAILURE_ALARM: OUTBOX["FAILURE_ALARM_WINDOW"], ["FAILURE_ALARM_MIN"] and
+  ["FAILURE_ALARM_SHARE"] as "window,min,share"
 - OUTBOX_TEST_TIME_ZONE: USE_TZ = False and TIME_ZONE = that zone, for subprocesses
   of tests/test_clocks.py (a zone compiled so that its clocks go back in minutes:
   tests/zones.py)
@@ -173,6 +175,11 @@ if os.environ.get("OUTBOX_TEST_RATE_LIMITS"):
 if os.environ.get("OUTBOX_TEST_MAILER_PAUSE"):
     _base, _cap = os.environ["OUTBOX_TEST_MAILER_PAUSE"].split(",")
     OUTBOX["MAILER_PAUSE"] = (float(_base), float(_cap))
+if os.environ.get("OUTBOX_TEST_FAILURE_ALARM"):
+    _window, _least, _share = os.environ["OUTBOX_TEST_FAILURE_ALARM"].split(",")
+    OUTBOX["FAILURE_ALARM_WINDOW"] = float(_window)
+    OUTBOX["FAILURE_ALARM_MIN"] = int(_least)
+    OUTBOX["FAILURE_ALARM_SHARE"] = float(_share)
 
 # Email, configured as a project using the outbox would be: the project's own
 # mail goes into the outbox (OutboxBackend), and the worker delivers through a

@@ -139,6 +139,11 @@ def test_bad_abandoned_policy(settings):
         ({"BLOCK_TIMEOUT": 0}, "BLOCK_TIMEOUT"),
         ({"BLOCK_TIMEOUT": 60}, "BLOCK_TIMEOUT"),
         ({"MIRROR_FULL_SCAN_INTERVAL": 0}, "MIRROR_FULL_SCAN_INTERVAL"),
+        ({"FAILURE_ALARM_WINDOW": 0.5}, "FAILURE_ALARM_WINDOW must be from 1 to 86400"),
+        ({"FAILURE_ALARM_WINDOW": float("nan")}, "FAILURE_ALARM_WINDOW"),
+        ({"FAILURE_ALARM_MIN": 0}, "FAILURE_ALARM_MIN must be at least 1"),
+        ({"FAILURE_ALARM_SHARE": 0}, "FAILURE_ALARM_SHARE must be above 0 and at most 1"),
+        ({"FAILURE_ALARM_SHARE": 1.5}, "FAILURE_ALARM_SHARE"),
     ],
 )
 def test_numbers(settings, values, fragment):
@@ -156,6 +161,12 @@ def test_numbers(settings, values, fragment):
         ("CLAIM_BATCH", True, "OUTBOX['CLAIM_BATCH'] = True: expected an integer."),
         ("HEARTBEAT_TIMEOUT", "30", "OUTBOX['HEARTBEAT_TIMEOUT'] = '30': expected a number."),
         ("BLOCK_TIMEOUT", None, "OUTBOX['BLOCK_TIMEOUT'] = None: expected a number."),
+        ("FAILURE_ALARM_MIN", 2.5, "OUTBOX['FAILURE_ALARM_MIN'] = 2.5: expected an integer."),
+        (
+            "FAILURE_ALARM_WINDOW",
+            "60",
+            "OUTBOX['FAILURE_ALARM_WINDOW'] = '60': expected a number.",
+        ),
         (
             "RETRY_BACKOFF",
             10,

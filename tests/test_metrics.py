@@ -58,6 +58,8 @@ def parse(text: str) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
             assert name in helped and name not in types and kind in ("gauge", "counter")
             types[name] = kind
             values[name] = {}
+        elif line.startswith("# "):
+            continue  # a note for a person (the failure alarm's cause): Prometheus skips it
         else:
             match = SAMPLE.match(line)
             assert match, line
@@ -196,6 +198,9 @@ def test_every_family_on_known_data(client, known_state):
         "outbox_redis_up": "gauge",
         "outbox_workers_live": "gauge",
         "outbox_redis_missing": "gauge",
+        "outbox_failure_alarm": "gauge",
+        "outbox_failure_alarm_attempts": "gauge",
+        "outbox_failure_alarm_failed": "gauge",
     }
     assert values["outbox_deliveries"] == {
         "queued": 3,
@@ -216,6 +221,10 @@ def test_every_family_on_known_data(client, known_state):
     assert values["outbox_redis_up"] == {"": 1}
     assert values["outbox_workers_live"] == {"": 1}
     assert values["outbox_redis_missing"] == {"": 0}
+    # The default mailer's failure alarm, off (tests/test_failure_alarm.py turns it on).
+    assert values["outbox_failure_alarm"] == {"": 0}
+    assert values["outbox_failure_alarm_attempts"] == {"": 0}
+    assert values["outbox_failure_alarm_failed"] == {"": 0}
     # Every family has a help text.
     assert response.content.decode().count("# HELP ") == len(types)
 

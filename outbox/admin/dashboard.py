@@ -7,12 +7,15 @@ whether the workers are alive (heartbeat age, and the rows each holds), what
 needs a person (the abandoned rows, linked to the filtered delivery list) and
 whether Redis agrees with the database; and the sending control: the pause
 switches with Pause/Resume buttons, and the rate limits' use
-(:mod:`outbox.admin.control_panel`).
+(:mod:`outbox.admin.control_panel`). A mailer whose failure alarm is on
+(``outbox/queue/alarm.py``) is a red note at the top, with its counts and the
+most frequent cause of its failures.
 
 The numbers are those of :func:`outbox.status.collect` (what ``manage.py
 outbox_status`` shows): five or six database queries and one Redis transaction
 (two round trips when the queued rows are few enough to compare with Redis id
-by id). The chart is one more query, grouping the sent rows of the last hour by
+by id), plus a round trip each for the pause switches, the rate limits (when
+set) and the failure alarm. The chart is one more query, grouping the sent rows of the last hour by
 the minute of ``sent_at`` and the failed ones by the minute of ``updated_at``.
 Each query reads a partial index that holds only the rows it counts, so none
 grows with the history of sent mail, except the count of sent rows itself: on
@@ -261,7 +264,25 @@ def dashboard_context(
     if redis_part["ok"]:
         context.update(_worker_context(site, redis_part))
         context["control"] = dashboard_control.control_context(redis_part)
+        context["failure_alarms"] = _failure_alarms(redis_part)
     return context
+
+
+def _failure_alarms(redis_part: dict[str, Any]) -> list[dict[str, Any]]:
+    """The mailers whose failure alarm is on, for the red note at the top."""
+    failures, now = redis_part["failures"], redis_part["control"]["read_at"]
+    return [
+        {
+            "mailer": mailer,
+            "failed": counts["failed"],
+            "attempts": counts["attempts"],
+            "cause": counts["cause"],
+            "lasted": age(max(0.0, now - (counts["since"] or now))),
+            "window": age(failures["window"]),
+        }
+        for mailer, counts in sorted(failures["mailers"].items())
+        if counts["alarm"]
+    ]
 
 
 def _chart_geometry() -> dict[str, Any]:

@@ -153,6 +153,9 @@ _NUMBERS = (
     "CLAIM_BATCH",
     "BLOCK_TIMEOUT",
     "MIRROR_FULL_SCAN_INTERVAL",
+    "FAILURE_ALARM_WINDOW",
+    "FAILURE_ALARM_MIN",
+    "FAILURE_ALARM_SHARE",
 )
 
 
@@ -190,13 +193,26 @@ def _check_numbers() -> list[CheckMessage]:
         problems.append("BLOCK_TIMEOUT must be positive and below HEARTBEAT_TIMEOUT")
     if full_scan <= 0:
         problems.append("MIRROR_FULL_SCAN_INTERVAL must be positive")
+    problems += _failure_alarm_problems()
     return [Error(f"OUTBOX: {problem}.", id="outbox.E005") for problem in problems]
 
 
+def _failure_alarm_problems() -> list[str]:
+    """The failure alarm's rule (``outbox/queue/alarm.py``): a window, a minimum, a share."""
+    problems = []
+    if not 1 <= outbox_settings.FAILURE_ALARM_WINDOW <= 86400:
+        problems.append("FAILURE_ALARM_WINDOW must be from 1 to 86400 seconds")
+    if outbox_settings.FAILURE_ALARM_MIN < 1:
+        problems.append("FAILURE_ALARM_MIN must be at least 1")
+    if not 0 < outbox_settings.FAILURE_ALARM_SHARE <= 1:
+        problems.append("FAILURE_ALARM_SHARE must be above 0 and at most 1")
+    return problems
+
+
 _NUMBER_HINT = (
-    "Write the number itself, not a string: MAX_ATTEMPTS and CLAIM_BATCH are integers "
-    "(5, not 5.0 or '5'), the times are seconds (30 or 0.5), RETRY_BACKOFF and "
-    "MAILER_PAUSE are (base, cap)."
+    "Write the number itself, not a string: MAX_ATTEMPTS, CLAIM_BATCH and FAILURE_ALARM_MIN "
+    "are integers (5, not 5.0 or '5'), the times are seconds (30 or 0.5), RETRY_BACKOFF and "
+    "MAILER_PAUSE are (base, cap), FAILURE_ALARM_SHARE a share (0.5)."
 )
 
 

@@ -54,6 +54,7 @@ worker releases the row (not an attempt) and pauses the mailer
 from __future__ import annotations
 
 import enum
+import re
 import smtplib
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -69,6 +70,7 @@ __all__ = [
     "PERMANENT_REFUSALS",
     "FailureKind",
     "HttpFailure",
+    "cause_of",
     "classify",
     "configuration_refused",
     "esp_answer",
@@ -77,6 +79,7 @@ __all__ = [
     "is_permanent",
     "refused_by_esp",
     "retry_after",
+    "tidy_cause",
 ]
 
 
@@ -409,3 +412,47 @@ def _boto_code(exc: BaseException) -> str | None:
             if code:
                 return str(code)
     return None
+
+
+# -- the cause, for the failure alarm (outbox/queue/alarm.py) --------------------------
+
+# An address, bare or in angle brackets (an SMTP reply names the sender or the recipient).
+_ADDRESS = re.compile(r"<?[^\s<>@'\"(),;]+@[^\s<>'\"(),;]+?>?(?=[\s'\"(),;:]|$)")
+# A token of eight or more letters and digits with a digit in it: a queue id, a
+# message id, a timestamp; the same failure names a different one each time.
+_SERIAL = re.compile(r"\b(?=[\w-]*\d)[\w-]{8,}\b")
+CAUSE_LENGTH = 200
+
+
+def cause_of(exc: BaseException) -> str:
+    """What ``exc`` says, in one short line that failures alike share: the alarm's cause.
+
+    The error's class and, for an SMTP reply, its code and text
+    (``SMTPSenderRefused 451 4.7.1 <address>: Sender address rejected``); for
+    an ESP, its HTTP status and answer; else the error's message. Tidied by
+    :func:`tidy_cause`.
+    """
+    name = type(exc).__name__
+    if isinstance(exc, smtplib.SMTPRecipientsRefused) and exc.recipients:
+        code, text = next(iter(exc.recipients.values()))
+        return tidy_cause(f"{name} {code} {_text(text)}")
+    if isinstance(exc, smtplib.SMTPResponseException):
+        return tidy_cause(f"{name} {exc.smtp_code} {_text(exc.smtp_error)}")
+    answer = esp_answer(exc)
+    if answer:
+        return tidy_cause(f"{name} {answer}")
+    return tidy_cause(f"{name}: {exc}")
+
+
+def tidy_cause(text: str) -> str:
+    """``text`` without addresses or serial numbers, on one line, at most 200 characters."""
+    text = _ADDRESS.sub("<address>", text)
+    text = _SERIAL.sub("…", text)
+    text = " ".join(text.split())
+    return text if len(text) <= CAUSE_LENGTH else text[: CAUSE_LENGTH - 1] + "…"
+
+
+def _text(value: object) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)

@@ -35,6 +35,10 @@ and scripts stay legal on Redis Cluster:
                                settle, score = when asked (see ``reconcile.py``)
 ``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
                                (``counters.py``; never written by a worker)
+``{p}:alarm``, ``{p}:alarm-state``
+                               the failure alarm: attempts and failures per mailer
+                               in buckets of the last window, and the mailers whose
+                               alarm is on (``alarm.py``)
 
 The rules every script keeps:
 
@@ -106,6 +110,8 @@ class RedisQueue:
         self.control_key = f"{tag}:control"
         self.reconcile_key = f"{tag}:reconcile-asked"
         self.sent_total_key = f"{tag}:sent-total"
+        self.alarm_key = f"{tag}:alarm"
+        self.alarm_state_key = f"{tag}:alarm-state"
         self._processing_prefix = f"{tag}:processing:"
         self._claims_prefix = f"{tag}:claims:"
 

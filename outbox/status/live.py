@@ -1,8 +1,8 @@
 """The Redis half of :func:`outbox.status.collect`: what Redis holds, and whether it agrees.
 
 One pipeline (or ``MULTI`` on one node) reads the ready lists, ``scheduled``,
-the workers and what each holds; the sending-control switches and the rate
-limits come from their own modules. The ids are read only when the caller
+the workers and what each holds; the sending-control switches, the rate
+limits and the failure alarm come from their own modules. The ids are read only when the caller
 asks to compare and Redis holds at most ``limit`` of them (see
 ``outbox.status.snapshot.COMPARE_LIMIT`` for why there is a limit).
 """
@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any, cast
 
 from ..conf import PRIORITIES, outbox_settings
-from ..queue import control, ratelimit
+from ..queue import alarm, control, ratelimit
 from ..queue.reliable import RedisQueue
 
 
@@ -58,6 +58,7 @@ def _read_redis(
         ],
         "dead_workers": [{"id": _text(w), "held": held[_text(w)]} for w in dead],
         **_sending_control(queue),
+        "failures": _failures(queue),
     }
     if not compare:
         return report, None
@@ -138,6 +139,18 @@ def agreement_of(db: dict[str, set[int]], redis: dict[str, set[int]]) -> dict[st
 def not_compared(limit: int) -> dict[str, Any]:
     """The agreement part when more than ``limit`` ids were too many to compare."""
     return {"agrees": None, "missing": None, "stale": None, "limit": limit}
+
+
+# -- the failure alarm ----------------------------------------------------------------
+
+
+def _failures(queue: RedisQueue) -> dict[str, Any]:
+    """The failure alarm's rule and, per mailer, the window's counts (one round trip)."""
+    _now, mailers = alarm.read(queue)
+    return {
+        **alarm.Rule.from_settings().as_dict(),
+        "mailers": {m.mailer: m.as_dict() for m in mailers},
+    }
 
 
 # -- sending control ----------------------------------------------------------------

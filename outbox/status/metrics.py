@@ -16,10 +16,15 @@ queued rows) and one Redis round trip or two, one more for the pause switches
 and one for the rate limits' use when limits are set; then ``outbox_sent_total``
 (:mod:`outbox.status.counters`): one query over the rows sent in the last minutes, and
 two Redis round trips. None of them reads the history of sent mail, so a scrape
-takes about as long on a million rows as on a hundred. Only counts and ages
-leave the process: never an address, a subject, a Message-ID, a worker id or
-an error message (the one label besides ``status`` is a rate limit's key: ``*``
-or a recipient domain, as configured).
+takes about as long on a million rows as on a hundred; the failure alarm is one
+more Redis round trip. Only counts and ages leave the process: never an address,
+a subject, a Message-ID or a worker id. The labels besides ``status`` are a rate
+limit's key (``*`` or a recipient domain, as configured) and a mailer's alias
+(``""`` for the default one): both come from the settings, so there are few. The
+one text is the cause of a failure alarm while it is on, on a comment line
+(``# outbox_failure_alarm{mailer=""} cause: ...``), which Prometheus ignores and
+a person reading the scrape finds: the server's reply with its addresses
+removed (``mail/failures.py``, ``cause_of``).
 
 When Redis cannot be read the database families are still served, with
 ``outbox_redis_up 0``; when the database cannot be read, ``outbox_database_up
@@ -60,6 +65,9 @@ class Family:
     type: str  # "gauge" or "counter"
     help: str
     samples: tuple[tuple[Labels, float], ...]
+    # Comment lines after the samples: for a person reading the scrape (the
+    # failure alarm's cause); Prometheus skips them.
+    notes: tuple[str, ...] = ()
 
 
 def _one(name: str, type_: str, help_: str, value: float) -> Family:
@@ -176,7 +184,52 @@ def _redis_families(redis: dict[str, Any], agreement: dict[str, Any] | None) -> 
                 missing,
             )
         )
-    return families + _control_families(redis["control"], redis["rate_limits"])
+    families += _control_families(redis["control"], redis["rate_limits"])
+    return families + _failure_families(redis["failures"])
+
+
+def _failure_families(failures: dict[str, Any]) -> list[Family]:
+    """The failure alarm per mailer: the default one always, others with attempts or an alarm."""
+    mailers: dict[str, dict[str, Any]] = {
+        "": {"alarm": False, "attempts": 0, "failed": 0, "cause": ""}
+    }
+    mailers.update(failures["mailers"])
+    window = f"{failures['window']:g}"
+    rows = sorted(mailers.items())
+
+    def samples(key: str) -> tuple[tuple[Labels, float], ...]:
+        return tuple(((("mailer", m),), int(counts[key])) for m, counts in rows)
+
+    notes = tuple(
+        f'outbox_failure_alarm{{mailer="{_escape_label(m)}"}} cause: {_one_line(counts["cause"])}'
+        for m, counts in rows
+        if counts["alarm"] and counts["cause"]
+    )
+    return [
+        Family(
+            "outbox_failure_alarm",
+            "gauge",
+            f"1 while a mailer's failed attempts in the last {window}s reach both "
+            "FAILURE_ALARM_MIN and FAILURE_ALARM_SHARE of its attempts (a wrong credential, a "
+            'refused sender, a server refusing everything), else 0; mailer="" is the default '
+            "one. The cause follows as a comment line.",
+            samples("alarm"),
+            notes,
+        ),
+        Family(
+            "outbox_failure_alarm_attempts",
+            "gauge",
+            f"Attempts (sent, retried, failed or in doubt) in the last {window}s, by all "
+            "workers, per mailer.",
+            samples("attempts"),
+        ),
+        Family(
+            "outbox_failure_alarm_failed",
+            "gauge",
+            f"Failed attempts (retried, failed or in doubt) in the last {window}s, per mailer.",
+            samples("failed"),
+        ),
+    ]
 
 
 def _control_families(control: dict[str, Any], limits: list[dict[str, Any]]) -> list[Family]:
@@ -242,6 +295,10 @@ def _escape_help(text: str) -> str:
     return text.replace("\\", "\\\\").replace("\n", "\\n")
 
 
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
 def _escape_label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
@@ -270,6 +327,7 @@ def render(families: Iterable[Family]) -> str:
         lines.append(f"# HELP {family.name} {_escape_help(family.help)}")
         lines.append(f"# TYPE {family.name} {family.type}")
         lines.extend(_sample_line(family.name, labels, value) for labels, value in family.samples)
+        lines.extend(f"# {note}" for note in family.notes)
     return "\n".join(lines) + "\n"
 
 

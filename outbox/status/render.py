@@ -24,6 +24,7 @@ def render(report: dict[str, Any]) -> str:
     """The report as text for a terminal."""
     lines = [_("Outbox status at %(time)s") % {"time": report["time"]}, ""]
     lines += _render_valve(report["valve"])
+    lines += _render_alarms(report["redis"])
     lines += _render_database(report["database"])
     lines.append("")
     lines += _render_redis(report["redis"], report["agreement"])
@@ -44,6 +45,63 @@ def _render_valve(valve: dict[str, Any]) -> list[str]:
         % {"patterns": patterns, "then": then},
         "",
     ]
+
+
+def _render_alarms(redis: dict[str, Any]) -> list[str]:
+    """Each mailer whose failure alarm is on, first and loud; nothing otherwise."""
+    if not redis["ok"]:
+        return []
+    failures, now = redis["failures"], redis["control"]["read_at"]
+    lines = []
+    for mailer, counts in sorted(failures["mailers"].items()):
+        if not counts["alarm"]:
+            continue
+        lines.append(
+            _(
+                "FAILURE ALARM: %(mailer)s: %(failed)d of %(attempts)d attempts failed in the "
+                "last %(window)s (for %(lasted)s), most often: %(cause)s"
+            )
+            % {
+                "mailer": _mailer_name(mailer),
+                "failed": counts["failed"],
+                "attempts": counts["attempts"],
+                "window": _duration(failures["window"]),
+                "lasted": _duration(max(0.0, now - (counts["since"] or now))),
+                "cause": counts["cause"] or "-",
+            }
+        )
+    return [*lines, ""] if lines else []
+
+
+def _render_failures(failures: dict[str, Any]) -> list[str]:
+    """The window's attempts and failures per mailer, and the alarm's rule: one line or more."""
+    rule = _("alarm at %(least)d failed and %(share)d%% of attempts") % {
+        "least": failures["min_failures"],
+        "share": round(failures["share"] * 100),
+    }
+    window = _duration(failures["window"])
+    if not failures["mailers"]:
+        return [
+            _("Attempts in the last %(window)s: none (%(rule)s)") % {"window": window, "rule": rule}
+        ]
+    lines = [_("Attempts in the last %(window)s (%(rule)s):") % {"window": window, "rule": rule}]
+    for mailer, counts in sorted(failures["mailers"].items()):
+        alarm = " " + _("ALARM") if counts["alarm"] else ""
+        lines.append(
+            "  "
+            + _("%(mailer)s: %(attempts)d, %(failed)d failed%(alarm)s")
+            % {
+                "mailer": _mailer_name(mailer),
+                "attempts": counts["attempts"],
+                "failed": counts["failed"],
+                "alarm": alarm,
+            }
+        )
+    return lines
+
+
+def _mailer_name(mailer: str) -> str:
+    return _("mailer %(alias)r") % {"alias": mailer} if mailer else _("the default mailer")
 
 
 def _render_database(db: dict[str, Any]) -> list[str]:
@@ -129,7 +187,8 @@ def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> li
             % {"id": worker["id"], "count": len(worker["held"]), "ids": _ids(worker["held"])}
         )
     anyone = bool(workers or redis["dead_workers"])
-    return lines + _render_control(redis["control"], anyone) + _render_limits(redis["rate_limits"])
+    lines += _render_control(redis["control"], anyone) + _render_limits(redis["rate_limits"])
+    return lines + _render_failures(redis["failures"])
 
 
 def _render_control(control: dict[str, Any], anyone: bool) -> list[str]:
@@ -177,7 +236,7 @@ def _render_control(control: dict[str, Any], anyone: bool) -> list[str]:
 
 def _mailer_pause_line(mailer: str, paused: dict[str, Any], now: float | None) -> str:
     """One mailer paused because its ESP refused its credential: for how long, and why."""
-    name = _("mailer %(alias)r") % {"alias": mailer} if mailer else _("the default mailer")
+    name = _mailer_name(mailer)
     left = None if now is None else paused["until"] - now
     values = {"mailer": name, "count": paused["count"], "why": paused["why"]}
     if left is not None and left > 0:

@@ -73,6 +73,16 @@ keys may be added; none is renamed or removed without a new ``version``):
         ``{"key", "limit", "used" (sends in the current period),
         "capacity", "held" (rows waiting for a slot it reserved),
         "next_free_in" (seconds)}``.
+    ``failures``
+        The failure alarm (``outbox.queue.alarm``): its rule, ``window``
+        (seconds), ``min_failures`` and ``share`` (the settings
+        ``FAILURE_ALARM_*`` of the host that reads it), and ``mailers``:
+        ``{mailer alias, "" for the default: {"alarm" (bool: its failed
+        attempts in the window reach both min_failures and share of its
+        attempts), "attempts" and "failed" (in the window, by all workers),
+        "cause" (the most frequent cause of those failures, addresses
+        removed; "" if none), "since" (Redis time the alarm began, or
+        null)}}`` for every mailer with attempts in the window or an alarm.
 ``agreement``
     Whether Redis agrees with the database: ``null`` when either could not be
     read, else ``{"ready": {...}, "scheduled": {...}}``, each with

@@ -17,6 +17,7 @@ from ..queue.clock import RedisClock
 from ..queue.control import ControlView
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
+from .alarm import FailureAlarm
 from .cache import EmailCache
 from .group_commit import GroupCommit
 from .report import Stats
@@ -71,6 +72,7 @@ class WorkerHost(Protocol):
     control: ControlView
     emails: EmailCache
     stats: Stats
+    alarm: FailureAlarm
     group_commit: GroupCommit
     stop_event: threading.Event
     sqlite_write_lock: threading.Lock

@@ -54,6 +54,7 @@ from ..mail import request
 from ..mail.connection import Server
 from ..mail.failures import (
     FailureKind,
+    cause_of,
     classify,
     configuration_refused,
     esp_answer,
@@ -121,6 +122,9 @@ class Settlement:
     # written with this one, in its transaction; each ``changed`` once written.
     companions: list[Settlement] = field(default_factory=list)
     changed: int = 0
+    # For a failure: what it says, shared by failures alike (the failure alarm's
+    # cause: ``mail/failures.py``, ``cause_of``); "" otherwise.
+    cause: str = ""
 
     @property
     def delivery(self) -> Delivery:
@@ -135,6 +139,12 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
 
 def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     """The outcome of an attempt that raised ``exc``; ``now`` is Redis time."""
+    settlement = _failure(started, exc, now)
+    settlement.cause = cause_of(exc)
+    return settlement
+
+
+def _failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     delivery = started.delivery
     error = f"{type(exc).__name__}: {exc}"
     answer = esp_answer(exc)

@@ -50,6 +50,7 @@ from ..queue.clock import RedisClock
 from ..queue.control import ControlView
 from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
+from .alarm import FailureAlarm
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit, StepConnection
@@ -103,6 +104,11 @@ class Worker:
         # exit status (outage.py).
         self.give_up = GiveUp(give_up_after, self.stop_event)
         self.stats = Stats()
+        # What the main loop waits on between its rounds: a sender thread that
+        # ends, or a failure the alarm should hear of at once, cuts the wait short.
+        self.wake = threading.Event()
+        # Attempts and failures per mailer, for the failure alarm (alarm.py).
+        self.alarm = FailureAlarm(self.queue, self.wake)
         self.clock = RedisClock()
         self.emails = EmailCache()
         # The operator's switches as the claims saw them (outbox/queue/control.py).
@@ -116,6 +122,7 @@ class Worker:
         # has finished its message, or the sweeper would take rows mid-send.
         self._heartbeat_stop = threading.Event()
         self._handled = 0
+        self._threads_done = 0  # sender threads past their last line (the main loop's end)
         # Held briefly: the message count and the incarnation snapshot.
         self._lock = threading.Lock()
         # Its own lock, serialising reincarnations: a new incarnation's
@@ -213,19 +220,24 @@ class Worker:
             threading.Thread(target=self._thread_main, args=(i,), name=f"outbox-sender-{i}")
             for i in range(self.concurrency)
         ]
+        self._threads_done = 0
         for thread in threads:
             thread.start()
         last_summary = time.monotonic()
-        while any(t.is_alive() for t in threads):
-            for thread in threads:
-                thread.join(timeout=0.2)
+        while self._threads_done < len(threads):
+            self.wake.wait(0.2)
+            self.wake.clear()
+            self.alarm.tick()
             if time.monotonic() - last_summary >= self.summary_interval:
                 self.stats.summary(self.worker_id, time.monotonic() - last_summary)
                 last_summary = time.monotonic()
+        for thread in threads:
+            thread.join()  # each is past its last line
         self.stop_event.set()
         self._heartbeat_stop.set()
         self.steps.close()
         heartbeat.join(timeout=5)
+        self.alarm.flush()  # the last tallies, while the process is still registered
         self.stats.summary(self.worker_id, time.monotonic() - last_summary)
         self._deregister()
         logger.info(
@@ -287,6 +299,9 @@ class Worker:
             if backend is not None:
                 close_quietly(backend)
             connections[outbox_alias()].close()
+            with self._lock:
+                self._threads_done += 1
+            self.wake.set()  # the main loop looks at once
 
     # -- registration and heartbeat ------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""What a worker tells the operator: counters, one log line per outcome, signals."""
+"""What a worker tells the operator: counters, one log line per outcome, signals.
+
+While a mailer's failure alarm is on (``alarm.py``), the lines of its single
+failed attempts go down to DEBUG: the alarm's own line, once a window, says
+what they would.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import signals
 from ..models import Attempt, Delivery
+from .alarm import FailureAlarm
 from .faults import fault
 from .outcomes import Settlement
 
@@ -67,9 +73,15 @@ class Stats:
             )
 
 
-def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
+def announce(
+    s: Settlement, changed: int, stats: Stats, worker_id: str, alarm: FailureAlarm | None = None
+) -> None:
     """After the commit: counters, log lines and signals for one outcome."""
     delivery = s.delivery
+    quiet = False
+    if alarm is not None:
+        alarm.observe(s)
+        quiet = alarm.quiet(s.started.email.mailer)
     if s.outcome == Outcome.SENT:
         if not changed:
             logger.error(
@@ -100,7 +112,8 @@ def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
         logger.info("delivery %s to %s cancelled: %s", delivery.pk, delivery.recipient, s.error)
     elif s.outcome == Outcome.AMBIGUOUS:
         stats.add("in_doubt")
-        logger.warning(
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
             "delivery %s to %s is in doubt (%s): the server may have Message-ID %s; "
             "marked abandoned for review",
             delivery.pk,
@@ -111,8 +124,13 @@ def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
     elif s.outcome == Outcome.FAILED:
         stats.add("failed")
         why = "permanent error" if s.permanent else f"{delivery.attempts} attempts"
-        logger.warning(
-            "delivery %s to %s failed (%s): %s", delivery.pk, delivery.recipient, why, s.error
+        logger.log(
+            logging.DEBUG if quiet else logging.WARNING,
+            "delivery %s to %s failed (%s): %s",
+            delivery.pk,
+            delivery.recipient,
+            why,
+            s.error,
         )
         signals.delivery_failed.send_robust(
             sender=Delivery, delivery_id=delivery.pk, error=s.error, by="worker"
@@ -120,7 +138,8 @@ def announce(s: Settlement, changed: int, stats: Stats, worker_id: str) -> None:
     else:
         assert s.retry_at is not None
         stats.add("retried")
-        logger.info(
+        logger.log(
+            logging.DEBUG if quiet else logging.INFO,
             "delivery %s: attempt %d of %d failed (%s); retrying at %s",
             delivery.pk,
             delivery.attempts,

@@ -171,9 +171,10 @@ class Settling:
         self.settled(s, changed)
 
     def settled(self, s: Settlement, changed: int) -> None:
-        announce(s, changed, self.worker.stats, self.worker.worker_id)
+        worker = self.worker
+        announce(s, changed, worker.stats, worker.worker_id, worker.alarm)
         for companion in s.companions:  # not claimed from Redis: nothing to ack
-            announce(companion, companion.changed, self.worker.stats, self.worker.worker_id)
+            announce(companion, companion.changed, worker.stats, worker.worker_id, worker.alarm)
         self.ack(s.delivery.pk)
         if self.settlement is s:  # not a parked one
             self.settlement = None

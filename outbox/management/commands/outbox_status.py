@@ -16,7 +16,8 @@ class Command(BaseCommand):
     help = (
         "Show the outbox: deliveries by status and priority, what is due and how long it "
         "has waited, recent sends, the Redis queue and whether it agrees with the database, "
-        "and the workers with the ids they hold. Redis being down is reported, not an error."
+        "the workers with the ids they hold, and each mailer's failure alarm (first, while on). "
+        "Redis being down is reported, not an error."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
