@@ -203,9 +203,7 @@ def _change_rows(
     )
 
 
-def _count_skipped(
-    using: str, others: set[int], skipped: Counter[str], change: Transition
-) -> None:
+def _count_skipped(using: str, others: set[int], skipped: Counter[str], change: Transition) -> None:
     """Count the rows left alone by their current status; rows gone count as "deleted".
 
     A row the change would take but for its email's cleared content counts as

@@ -18,9 +18,9 @@ def check_content_retention(raw: dict[str, Any]) -> list[CheckMessage]:
     if value is None:
         return []
     # The type on the raw value: "259200" or True is a mistake, not a wish.
-    if isinstance(value, int | float) and not isinstance(value, bool):
-        if math.isfinite(value) and value > 0:
-            return []
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and math.isfinite(value) and value > 0:
+        return []
     return [
         Error(
             f"OUTBOX['CONTENT_RETENTION'] is {value!r}; it must be a positive number of "

@@ -24,7 +24,6 @@ from ..conf import PRIORITIES, outbox_settings
 from ..mail.mailers import delivery_mailers, is_delivery_mailer
 from ..mail.structure import File
 from ..models import MAILER_MAX_LENGTH
-from .sensitive import links_sensitive
 from ..validation import (
     check_mimetype,
     check_text,
@@ -34,6 +33,7 @@ from ..validation import (
     normalize_headers,
     require_type,
 )
+from .sensitive import links_sensitive
 
 # Far beyond any sane retry budget, and well inside the column.
 MAX_ATTEMPTS_LIMIT = 1000

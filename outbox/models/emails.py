@@ -52,9 +52,7 @@ class Email(models.Model):
     # Its content is cleared as soon as every delivery is settled (the sweeper's
     # next pass), not after CONTENT_RETENTION: a password reset, a login code.
     # The database default serves a previous release's inserts during an upgrade.
-    sensitive = models.BooleanField(
-        _("sensitive"), default=False, db_default=False, editable=False
-    )
+    sensitive = models.BooleanField(_("sensitive"), default=False, db_default=False, editable=False)
     # When the sweeper cleared the content (module docstring); NULL while it is kept.
     content_cleared_at = models.DateTimeField(
         _("content cleared"), null=True, blank=True, editable=False

@@ -250,9 +250,7 @@ class Transition:
             clock = INSTANT_CLOCK.sql(vendor, put)
             where.append(f"(expires_at IS NULL OR expires_at > {clock})")
         if CONTENT in self.guard:
-            where.append(
-                f"email_id IN (SELECT id FROM {_EMAILS} WHERE content_cleared_at IS NULL)"
-            )
+            where.append(f"email_id IN (SELECT id FROM {_EMAILS} WHERE content_cleared_at IS NULL)")
         text = f"UPDATE {TABLE} SET\n    {sets}\n"
         if join:
             text += f"FROM {join}\n"
