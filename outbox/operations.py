@@ -131,6 +131,9 @@ def _transition_chunk(
             for row in Delivery.objects.using(using)
             # A row locked right now is being settled by someone else (or by a
             # frozen worker inside its transaction): skip it, never wait on it.
+            # A requeue's condition joins the email (transitions.CONTENT), whose
+            # row is then locked too: the content retention takes turns with it
+            # (sweeper/retention.py).
             .select_for_update(skip_locked=True)
             .filter(match)
             .values(*Locked._fields)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import io
 import re
+import threading
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -17,7 +18,7 @@ import pytest
 from django.contrib.auth.models import Permission, User
 from django.core.mail import EmailMultiAlternatives
 from django.core.management import call_command
-from django.db import connection
+from django.db import connection, transaction
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -25,7 +26,7 @@ from django.utils import timezone
 from outbox import enqueue_email, enqueue_many, enqueue_template, operations
 from outbox.models import Attempt, Delivery, Email
 from outbox.queue import QueueEntry
-from outbox.sweeper import Sweeper
+from outbox.sweeper import Sweeper, retention
 from tests.delivery import deliver, use_outbox
 from tests.servers import wait_until
 
@@ -309,11 +310,42 @@ def test_without_the_setting_a_password_reset_keeps_its_content_for_the_retentio
 
 
 def test_the_sweeper_clears_in_batches(outbox, settings, monkeypatch):
-    from outbox.sweeper import retention
-
     monkeypatch.setattr(retention, "BATCH", 2)
     for n in range(5):
         enqueue_email(f"s{n}", MARKER, None, [f"a{n}@example.com"], sensitive=True)
     operations.cancel(Delivery.objects.values_list("pk", flat=True), "admin:test")
     report = Sweeper().run_pass()
     assert report.content_cleared == 5 and where_marker() == set()
+
+
+@pytest.mark.skipif(
+    connection.vendor != "postgresql", reason="SQLite has one writer: nothing to take turns on"
+)
+def test_a_requeue_in_progress_keeps_its_email_from_the_clearing(outbox, queue):
+    """The requeue holds the email's row (with its delivery): the pass leaves it, then sees it queued."""
+    [row] = enqueue_email("Your code", MARKER, None, ["a@example.com"], sensitive=True)
+    operations.cancel([row.pk], "admin:test")
+    locked, release = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def requeue() -> None:
+        try:
+            with transaction.atomic():
+                assert operations.requeue([row.pk], "admin:test").changed == [row.pk]
+                locked.set()
+                release.wait(10)
+        except BaseException as exc:
+            errors.append(exc)
+            locked.set()
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=requeue)
+    thread.start()
+    assert locked.wait(10)
+    assert retention.clear_content(timezone.now()) == 0  # skipped, not waited on
+    release.set()
+    thread.join()
+    assert not errors
+    assert retention.clear_content(timezone.now()) == 0  # now queued: kept
+    assert Email.objects.get(pk=row.email_id).body == MARKER

@@ -21,7 +21,12 @@ their names and types. ``content_cleared_at`` says when.
 Clearing is one conditional UPDATE of the emails (:func:`_clear`) that repeats
 the test "every delivery settled" the candidates were chosen by, rows counted;
 the attachments of the emails it cleared lose their bytes in the same
-transaction. The candidates come from two partial indexes of ``outbox_email``
+transaction. The candidates are locked first (``FOR UPDATE SKIP LOCKED``) and
+the UPDATE is a statement of its own: an operator's requeue locks the email
+row with its delivery (``operations.transition``), so the two take turns. A
+requeue that holds the email keeps it from this pass; one that committed
+before the lock is seen by the UPDATE's fresh snapshot (PostgreSQL's read
+committed); one that comes after finds the content gone and skips the row. The candidates come from two partial indexes of ``outbox_email``
 (``outbox_email_content_kept``, by age, and ``outbox_email_sensitive``) and
 each one's deliveries through the index of ``email_id``: no table is scanned,
 however many rows it holds. A pass clears at most :data:`PASS_LIMIT` emails
@@ -29,10 +34,10 @@ per rule, so a backlog (the first pass after an upgrade) never holds up the
 sweeper's repairs.
 
 A requeue needs the content (``transitions.CONTENT``): it skips a cleared row.
-A requeue that commits while a pass clears its email (under PostgreSQL's read
-committed the two can cross within milliseconds) leaves a queued row without
-content; its worker fails it, "its content was cleared": never an empty
-message (``mail/structure.py``, ``refuse_cleared``).
+A row queued without content all the same (a previous release's requeue during
+a rolling upgrade, a hand-written UPDATE) is failed by its worker, "its
+content was cleared": never an empty message (``mail/structure.py``,
+``refuse_cleared``).
 """
 
 from __future__ import annotations
@@ -99,6 +104,8 @@ def _clear(which: Q, cutoff: datetime | None, now: datetime) -> tuple[int, int]:
     with transaction.atomic(using=using):
         ids = list(
             Email.objects.using(using)
+            # An email a requeue holds is left for the next pass (module docstring).
+            .select_for_update(skip_locked=True)
             .filter(kept)
             .filter(~unsettled)
             .order_by("created_at" if cutoff is not None else "pk")
@@ -106,8 +113,8 @@ def _clear(which: Q, cutoff: datetime | None, now: datetime) -> tuple[int, int]:
         )
         if not ids:
             return 0, 0
-        # The write: the same conditions again, so an email whose delivery was
-        # requeued meanwhile keeps its content.
+        # The write, a statement of its own: the same conditions again, read after
+        # the lock, so an email whose delivery was requeued meanwhile keeps its content.
         changed = (
             Email.objects.using(using)
             .filter(kept, pk__in=ids)
