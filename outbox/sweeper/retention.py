@@ -88,12 +88,24 @@ def _clear_all(
     return cleared
 
 
+class _PerEmail(Exists):
+    """``EXISTS`` asked of each email through the index of ``email_id``, however many rows.
+
+    ``OFFSET 0`` keeps PostgreSQL from planning it as an anti-join over the
+    delivery table, which it prefers while its statistics say few deliveries
+    are unsettled: a scan of every delivery, per batch. Each email's probe
+    reads its own deliveries only.
+    """
+
+    template = "EXISTS(%(subquery)s OFFSET 0)"
+
+
 def _unsettled(cutoff: datetime | None) -> Exists:
     """A delivery of the outer email that may still be sent (or, with ``cutoff``, settled since)."""
     open_ = ~Q(status__in=SETTLED)
     if cutoff is not None:
         open_ |= Q(updated_at__gte=cutoff)
-    return Exists(Delivery.objects.filter(open_, email_id=OuterRef("pk")))
+    return _PerEmail(Delivery.objects.filter(open_, email_id=OuterRef("pk")))
 
 
 def _clear(which: Q, cutoff: datetime | None, now: datetime) -> tuple[int, int]:
