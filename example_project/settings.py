@@ -68,6 +68,9 @@ CACHES = {
 }
 
 OUTBOX: dict[str, object] = {"REDIS_CACHE": "default"}
+# Django's password-reset mail links to this page: its content is cleared as
+# soon as it is sent, not after CONTENT_RETENTION (README, "Secrets").
+OUTBOX["SENSITIVE_LINKS"] = ["password_reset_confirm"]
 
 # On a host whose mail goes through Postfix, the sweeper can settle abandoned
 # rows from Postfix's log: EXAMPLE_POSTFIX_LOG=/var/log/mail.log

@@ -116,6 +116,18 @@ DEFAULTS: dict[str, Any] = {
     # The one address that gets the copies ALLOWED_RECIPIENTS keeps from their
     # recipients, with an X-Outbox-Original-Recipient header. None: cancel them.
     "REDIRECT_TO": None,
+    # -- secrets that do not linger (outbox/sweeper/retention.py) --
+    # Seconds an email's content (texts, headers, structure, attachments) is
+    # kept once all its deliveries are settled (sent, failed or cancelled);
+    # then the sweeper clears it and the rows stay. None: as long as the rows.
+    # Three days: Django's PASSWORD_RESET_TIMEOUT, and a weekend's failures
+    # can still be requeued.
+    "CONTENT_RETENTION": 3 * 86400.0,
+    # URL names (as reverse() takes them, "namespace:name" too): a message whose
+    # text or HTML links to a page of one of them is sensitive, its content
+    # cleared at the sweeper's first pass after it is settled, e.g.
+    # ["password_reset_confirm"] for Django's password reset.
+    "SENSITIVE_LINKS": [],
 }
 
 PRIORITIES: tuple[str, ...] = ("high", "normal", "low")
@@ -341,6 +353,20 @@ class OutboxSettings:
     def REDIRECT_TO(self) -> str | None:
         value = self._get("REDIRECT_TO")
         return str(value) if value else None
+
+    # -- secrets that do not linger --------------------------------------------------
+
+    @property
+    def CONTENT_RETENTION(self) -> float | None:
+        value = self._get("CONTENT_RETENTION")
+        return None if value is None else number("CONTENT_RETENTION", value)
+
+    @property
+    def SENSITIVE_LINKS(self) -> tuple[str, ...]:
+        value = self._get("SENSITIVE_LINKS")
+        if isinstance(value, str):
+            return (value,)  # one name, not its characters
+        return tuple(str(name) for name in value or ())
 
 
 outbox_settings = OutboxSettings()

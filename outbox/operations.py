@@ -45,13 +45,18 @@ class Locked(NamedTuple):
 
 _CHUNK = 500
 
+# A skipped row's reason when it was in a source status but its email's content
+# is gone (``transitions.CONTENT``: a requeue would have nothing to send).
+CONTENT_CLEARED = "content cleared"
+
 
 @dataclass
 class TransitionResult:
     """What a transition changed, and why the other rows were left alone."""
 
     changed: list[int] = field(default_factory=list)
-    skipped: Counter[str] = field(default_factory=Counter)  # current status -> count
+    # current status (or CONTENT_CLEARED, or "deleted") -> count
+    skipped: Counter[str] = field(default_factory=Counter)
 
     def __iadd__(self, other: TransitionResult) -> TransitionResult:
         self.changed += other.changed
@@ -126,6 +131,9 @@ def _transition_chunk(
             for row in Delivery.objects.using(using)
             # A row locked right now is being settled by someone else (or by a
             # frozen worker inside its transaction): skip it, never wait on it.
+            # A requeue's condition joins the email (transitions.CONTENT), whose
+            # row is then locked too: the content retention takes turns with it
+            # (sweeper/retention.py).
             .select_for_update(skip_locked=True)
             .filter(match)
             .values(*Locked._fields)
@@ -142,7 +150,7 @@ def _transition_chunk(
                 now=moment,
             )
         result.changed = [row.pk for row in rows]
-        _count_skipped(using, set(ids) - set(result.changed), result.skipped)
+        _count_skipped(using, set(ids) - set(result.changed), result.skipped, change)
         if rows:
             entries = []
             at = instant(moment)
@@ -198,14 +206,24 @@ def _change_rows(
     )
 
 
-def _count_skipped(using: str, others: set[int], skipped: Counter[str]) -> None:
-    """Count the rows left alone by their current status; rows gone count as "deleted"."""
+def _count_skipped(using: str, others: set[int], skipped: Counter[str], change: Transition) -> None:
+    """Count the rows left alone by their current status; rows gone count as "deleted".
+
+    A row the change would take but for its email's cleared content counts as
+    :data:`CONTENT_CLEARED`.
+    """
     if not others:
         return
-    for status in (
-        Delivery.objects.using(using).filter(pk__in=others).values_list("status", flat=True)
+    guarded = transitions.CONTENT in change.guard
+    for status, cleared in (
+        Delivery.objects.using(using)
+        .filter(pk__in=others)
+        .values_list("status", "email__content_cleared_at")
     ):
-        skipped[status] += 1
+        if guarded and cleared is not None and status in change.source:
+            skipped[CONTENT_CLEARED] += 1
+        else:
+            skipped[status] += 1
     missing = len(others) - sum(skipped.values())
     if missing:
         skipped["deleted"] += missing
@@ -242,7 +260,9 @@ def requeue(ids: Iterable[int], actor: str, *, send_now: bool = False) -> Transi
 
     A row whose ``not_before`` (its ``send_at``) is still ahead keeps it: a
     cancelled newsletter requeued an hour early goes out at its hour. With
-    ``send_now`` every row is due at once.
+    ``send_now`` every row is due at once. A row whose email's content was
+    cleared (``OUTBOX["CONTENT_RETENTION"]``, or a sensitive email) is refused:
+    skipped as :data:`CONTENT_CLEARED`, never queued with nothing to send.
     """
     return transition(
         ids, transitions.REQUEUE_NOW if send_now else transitions.REQUEUE, actor=actor

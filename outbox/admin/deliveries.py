@@ -338,6 +338,8 @@ def skip_reasons(skipped: Counter[str]) -> str:
             label = str(Status(status).label)
         elif status == "deleted":
             label = gettext("deleted")
+        elif status == operations.CONTENT_CLEARED:
+            label = gettext("whose content was cleared (enqueue the email again)")
         else:
             label = status
         parts.append(gettext("%(count)d %(status)s") % {"count": skipped[status], "status": label})

@@ -63,6 +63,12 @@ class OutboxBackend(BaseEmailBackend):
       ``esp_response`` the same list of delivery ids. The ESP's own answer
       comes later, on each delivery's attempts.
 
+    A message with ``message.outbox_sensitive = True`` set before ``send()``
+    (a password reset, a login code) is sensitive: its content is cleared as
+    soon as its deliveries are settled (``OUTBOX["SENSITIVE_LINKS"]`` marks
+    Django's password-reset mail without touching its code; see
+    :mod:`outbox.enqueue.sensitive`).
+
     A message Django would not send (no recipients) is skipped and not
     marked. An invalid one raises
     :class:`~outbox.exceptions.InvalidEmailError` (a ``ValidationError`` and a

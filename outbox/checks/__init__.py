@@ -2,8 +2,8 @@
 
 One module per concern, each check registered on its own (``settings``,
 ``redis``, ``database``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
-``reconcilers``, ``sqlite``, ``urls``, ``valve``); importing this package registers them all
-(``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
+``reconcilers``, ``retention``, ``sqlite``, ``urls``, ``valve``); importing this package
+registers them all (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
 English, as Django's own checks are.
 """
@@ -16,6 +16,7 @@ from . import (
     mailers,
     reconcilers,
     redis,
+    retention,
     sending,
     settings,
     sqlite,
@@ -31,6 +32,7 @@ __all__ = [
     "mailers",
     "reconcilers",
     "redis",
+    "retention",
     "sending",
     "settings",
     "sqlite",

@@ -62,6 +62,7 @@ def enqueue_email(
     max_attempts: int | None = None,
     expires_at: datetime | None = None,
     mailer: str | None = None,
+    sensitive: bool = False,
 ) -> list[Delivery]:
     """Queue an email: one :class:`~outbox.models.Delivery` per distinct recipient.
 
@@ -92,6 +93,13 @@ def enqueue_email(
     backend instead of its default one (see :mod:`outbox.mail.mailers`); an
     unknown mailer is a ``ValidationError`` on ``mailer``.
 
+    With ``sensitive=True`` (a password reset, a login code) the email's
+    content is cleared at the sweeper's first pass after every delivery is
+    settled, instead of after ``OUTBOX["CONTENT_RETENTION"]``; so is that of
+    mail linking to a page named in ``OUTBOX["SENSITIVE_LINKS"]``
+    (:mod:`outbox.enqueue.sensitive`). A settled row without content cannot
+    be requeued.
+
     Raises :class:`~django.core.exceptions.ValidationError` naming the field for
     bad input (and :class:`TypeError` for a value of the wrong type) before
     anything is written.
@@ -111,6 +119,7 @@ def enqueue_email(
         max_attempts=max_attempts,
         expires_at=expires_at,
         mailer=mailer,
+        sensitive=sensitive,
     )
     return write_one(prepared)
 
@@ -131,6 +140,7 @@ def enqueue_template(
     max_attempts: int | None = None,
     expires_at: datetime | None = None,
     mailer: str | None = None,
+    sensitive: bool = False,
 ) -> list[Delivery]:
     """Render the template ``name`` with ``context`` and queue the result.
 
@@ -161,6 +171,7 @@ def enqueue_template(
         max_attempts=max_attempts,
         expires_at=expires_at,
         mailer=mailer,
+        sensitive=sensitive,
     )
     return write_one(prepared)
 
@@ -181,6 +192,7 @@ def prepare_email(
     max_attempts: Any = None,
     expires_at: Any = None,
     mailer: Any = None,
+    sensitive: Any = False,
 ) -> Prepared:
     """Validate :func:`enqueue_email`'s arguments (with its defaults); write nothing."""
     return prepare(
@@ -198,6 +210,7 @@ def prepare_email(
         max_attempts=max_attempts,
         expires_at=expires_at,
         mailer=mailer,
+        sensitive=sensitive,
     )
 
 
@@ -240,6 +253,7 @@ def write_one(p: Prepared) -> list[Delivery]:
         p.idempotency_key is None
         and not p.attachments
         and not stopped
+        and not p.sensitive  # the statement's function has no such argument
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
@@ -412,6 +426,7 @@ def _email(p: Prepared, now: datetime) -> Email:
         headers=p.headers,
         mailer=p.mailer,
         structure=p.structure,
+        sensitive=p.sensitive,
         created_at=now,
     )
 

@@ -5,7 +5,7 @@ written; then the items are written in chunks of :data:`CHUNK` with a fixed
 number of statements per chunk, whatever the number of items in it: one
 suppression look-up, then the emails and their deliveries (one statement on
 PostgreSQL, two on SQLite; see :mod:`outbox.enqueue.sql`). Items with an
-``idempotency_key`` or attachments take :func:`outbox.enqueue_email`'s
+``idempotency_key``, attachments or ``sensitive`` take :func:`outbox.enqueue_email`'s
 own path, one item at a time, since they need more than an INSERT. The ids
 are pushed to Redis after the commit, one pipeline per chunk.
 """
@@ -92,7 +92,11 @@ def _at(index: int, exc: ValidationError) -> ValidationError:
 
 def _write_chunk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
     results: list[list[Delivery] | None] = [None] * len(chunk)
-    simple = [i for i, p in enumerate(chunk) if p.idempotency_key is None and not p.attachments]
+    simple = [
+        i
+        for i, p in enumerate(chunk)
+        if p.idempotency_key is None and not p.attachments and not p.sensitive
+    ]
     for i in sorted(set(range(len(chunk))) - set(simple)):
         results[i] = write_one(chunk[i])
     if simple and connections[using].vendor in ("postgresql", "sqlite"):

@@ -12,7 +12,9 @@ the message's fields and never builds Django's ``message()``, ``from_email``
 may hold several addresses too (whether the ESP takes them is anymail's
 check, in the worker) and a header's value may be of any type (stored as its
 text). What is stored is described in :mod:`outbox.mail.structure`;
-anymail's ``send_at`` is the rows' schedule.
+anymail's ``send_at`` is the rows' schedule. A message with
+``outbox_sensitive = True`` set on it (or one linking to a page named in
+``OUTBOX["SENSITIVE_LINKS"]``) is sensitive: :mod:`outbox.enqueue.sensitive`.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from ..validation import (
     require_type,
 )
 from .prepare import Prepared, check_mailer, check_max_attempts, check_priority, stored_moment
+from .sensitive import links_sensitive
 
 
 def prepare_message(
@@ -100,6 +103,9 @@ def _prepare(
     if max_attempts is None:
         max_attempts = outbox_settings.MAX_ATTEMPTS
     check_max_attempts(max_attempts)
+    sensitive = getattr(message, "outbox_sensitive", False)
+    require_type("outbox_sensitive", sensitive, bool, "True or False")
+    texts = [c for c, _m in described.structure.get("alternatives", ()) if isinstance(c, str)]
     return Prepared(
         subject=subject,
         body=body,
@@ -114,6 +120,7 @@ def _prepare(
         structure=described.structure,
         message_id=_message_id(message.extra_headers),
         send_at=stored_moment(schedule(described.structure)),
+        sensitive=sensitive or links_sensitive(body, described.html_message, *texts),
     )
 
 

@@ -33,6 +33,7 @@ from ..validation import (
     normalize_headers,
     require_type,
 )
+from .sensitive import links_sensitive
 
 # Far beyond any sane retry budget, and well inside the column.
 MAX_ATTEMPTS_LIMIT = 1000
@@ -59,6 +60,8 @@ class Prepared:
     # From the drop-in backend: see outbox/mail/structure.py.
     structure: dict[str, Any] | None = None
     message_id: str | None = None  # the sender's own Message-ID header
+    # Content cleared as soon as every delivery is settled (enqueue/sensitive.py).
+    sensitive: bool = False
 
 
 def prepare(
@@ -77,6 +80,7 @@ def prepare(
     max_attempts: Any,
     expires_at: Any = None,
     mailer: Any = None,
+    sensitive: Any = False,
 ) -> Prepared:
     """Validate :func:`~outbox.enqueue_email`'s arguments, field by field.
 
@@ -102,6 +106,7 @@ def prepare(
     check_max_attempts(max_attempts)
     _check_expires_at(expires_at, send_at)
     mailer = check_mailer(mailer)
+    require_type("sensitive", sensitive, bool, "True or False")
     return Prepared(
         subject=subject,
         body=message,
@@ -117,6 +122,7 @@ def prepare(
         max_attempts=max_attempts,
         expires_at=stored_moment(expires_at),
         mailer=mailer,
+        sensitive=sensitive or links_sensitive(message, html_message or ""),
     )
 
 

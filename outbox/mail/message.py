@@ -36,7 +36,7 @@ from django.utils.timezone import get_current_timezone
 from ..compat.email import copy_with_own_headers
 from ..models import Attachment, Delivery, Email
 from ..validation import MODERN_EMAIL_API
-from .structure import address_set, placement, rebuild
+from .structure import address_set, placement, rebuild, refuse_cleared
 
 # The keys of an email's build cache (besides one built message per policy).
 _TEMPLATE = "template"
@@ -130,6 +130,7 @@ def build_message(
     ``built`` is where the email's one build is kept between its copies (the
     worker keeps one per cached email); without it the copy builds alone.
     """
+    refuse_cleared(email)  # never an empty message
     built = {} if built is None else built
     if email.structure is not None:
         return _structured_copy(delivery, email, attachments, built)

@@ -21,7 +21,7 @@ from django.core.mail import EmailMessage, EmailMultiAlternatives
 from ..conf import outbox_settings
 from ..models import Attachment, Delivery, Email
 from ..validation import bare_address
-from .structure import address_set, placement, rebuild
+from .structure import address_set, placement, rebuild, refuse_cleared
 
 __all__ = [
     "ACCEPTED",
@@ -83,6 +83,7 @@ def request_message(
     Cc is Bcc. Only the caller's headers go: no To, Cc or Message-ID is added,
     since an ESP builds those from its fields (and most refuse a spoofed To).
     """
+    refuse_cleared(email)  # never an empty message
     s = email.structure or {}
     written_to, written_cc = list(s.get("to", ())), list(s.get("cc", ()))
     ours = {bare_address(d.recipient) for d in deliveries}

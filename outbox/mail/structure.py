@@ -24,6 +24,11 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
                       :data:`ANYMAIL_ATTRIBUTES` stores each (version 2 on)
 ====================  ===========================================================
 
+Once the sweeper has cleared an email's content (``sweeper/retention.py``) its
+structure is :data:`CLEARED`, whoever wrote it, and nothing can be built from
+it: :func:`refuse_cleared` fails the row for good instead of sending an empty
+message (only a requeue racing the clearing can bring such a row back).
+
 anymail's attributes are read by name (anymail is optional and not imported):
 one left at anymail's ``UNSET``, or never set, is not stored, and the rebuilt
 message lacks it, as the sender's did. Each is stored as JSON (a lazy
@@ -57,12 +62,26 @@ from django.utils import timezone
 from django.utils.functional import Promise
 from django.utils.translation import gettext as _
 
+from ..exceptions import DeliveryError
 from ..models import Attachment, Email
 from ..validation import MODERN_EMAIL_API, field_error
 from .esp import DELIVERY_KEY, TOKEN_KEY
 
 # 2: the "anymail" key (rows of version 1 have none).
 STRUCTURE_VERSION = 2
+
+# An email's structure once its content was cleared (module docstring).
+CLEARED: dict[str, Any] = {"cleared": True}
+
+
+def refuse_cleared(email_row: Email) -> None:
+    """Raise a permanent :class:`DeliveryError` if ``email_row``'s content was cleared."""
+    if isinstance(email_row.structure, dict) and email_row.structure.get("cleared"):
+        raise DeliveryError(
+            "its content was cleared after its retention (OUTBOX['CONTENT_RETENTION'] "
+            "or sensitive): nothing to send; enqueue the email again",
+            permanent=True,
+        )
 
 
 class File(NamedTuple):

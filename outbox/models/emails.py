@@ -1,8 +1,17 @@
-"""An email's content, stored once however many recipients: ``Email`` and ``Attachment``."""
+"""An email's content, stored once however many recipients: ``Email`` and ``Attachment``.
+
+The content (the texts, the headers, the structure and the attachments' bytes)
+does not stay as long as the row: once every delivery of an email is settled
+(``sent``, ``failed`` or ``cancelled``), the sweeper clears it after
+``OUTBOX["CONTENT_RETENTION"]``, or at its next pass for a ``sensitive`` email
+(``outbox/sweeper/retention.py``). The row keeps its subject, sender and
+deliveries, with their recipients, statuses, Message-IDs and attempts.
+"""
 
 from __future__ import annotations
 
 from django.db import models
+from django.db.models import Q
 from django.utils import timezone
 from django.utils.translation import gettext_lazy as _
 
@@ -40,12 +49,41 @@ class Email(models.Model):
     structure = models.JSONField(
         _("message structure"), null=True, blank=True, default=None, editable=False
     )
+    # Its content is cleared as soon as every delivery is settled (the sweeper's
+    # next pass), not after CONTENT_RETENTION: a password reset, a login code.
+    # The database default serves a previous release's inserts during an upgrade.
+    sensitive = models.BooleanField(_("sensitive"), default=False, db_default=False, editable=False)
+    # When the sweeper cleared the content (module docstring); NULL while it is kept.
+    content_cleared_at = models.DateTimeField(
+        _("content cleared"), null=True, blank=True, editable=False
+    )
 
     objects = OutboxManager()
 
     class Meta:
         verbose_name = _("email")
         verbose_name_plural = _("emails")
+        permissions = [
+            # View permission on emails shows their subjects and deliveries; the
+            # bodies, headers and attachments need this one as well (admin/emails.py).
+            ("view_email_content", _("Can view the content of emails")),
+        ]
+        indexes = [
+            # The sweeper's content retention: emails whose content is kept, oldest
+            # first. Once their retention has passed they leave it, so it holds
+            # about CONTENT_RETENTION's worth of mail however large the table.
+            models.Index(
+                fields=["created_at"],
+                condition=Q(content_cleared_at__isnull=True),
+                name="outbox_email_content_kept",
+            ),
+            # Sensitive emails whose content is kept: cleared once settled.
+            models.Index(
+                fields=["id"],
+                condition=Q(sensitive=True, content_cleared_at__isnull=True),
+                name="outbox_email_sensitive",
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.subject[:80]

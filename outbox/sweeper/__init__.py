@@ -1,7 +1,8 @@
 """The sweeper: settle what dead workers and lost Redis data left behind.
 
 ``sweep`` (one pass and its order), ``mirror`` (every queued row waits in
-Redis) and ``reconcile`` (abandoned rows settled from the mail server's log).
+Redis), ``reconcile`` (abandoned rows settled from the mail server's log) and
+``retention`` (the content of settled mail cleared).
 """
 
 from .sweep import Sweeper, SweepReport

@@ -17,7 +17,10 @@ The database is the truth; a pass makes Redis and the rows agree again:
 4. **Settlement** (optional): ``OUTBOX["RECONCILERS"]`` are asked about the
    oldest abandoned rows, which are settled from their answers
    (``reconcile``).
-5. **Retention** (optional): sent rows past an age are deleted in batches.
+5. **Content retention**: the content of settled mail is cleared after
+   ``OUTBOX["CONTENT_RETENTION"]``, a sensitive email's at once; the rows stay
+   (``retention``).
+6. **Row retention** (optional): sent rows past an age are deleted in batches.
 
 Rows that were processing when their worker died become ``abandoned`` under
 ``"review"`` (a person settles them: exactly once) or ``queued`` under
@@ -52,7 +55,7 @@ from ..models import Attempt, Delivery, Email, epoch, outbox_alias
 from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry, redis_address
 from ..queue.reliable import RedisQueue
-from . import reconcile
+from . import reconcile, retention
 from .mirror import Mirror
 
 logger = logging.getLogger("outbox.sweeper")
@@ -76,6 +79,7 @@ class SweepReport:
     promoted: int = 0
     reaped: int = 0  # dead workers cleaned up
     purged: int = 0
+    content_cleared: int = 0  # emails whose content the retention cleared
     reconciled_sent: int = 0  # abandoned rows a reconciler settled as sent
     reconciled_requeued: int = 0  # ... and requeued as never sent
     expired: int = 0  # queued rows past their expires_at, cancelled
@@ -96,6 +100,8 @@ class SweepReport:
             f"requeued {self.requeued}, failed {self.failed}, re-mirrored {self.remirrored}, "
             f"promoted {self.promoted}, dead workers reaped {self.reaped}"
         )
+        if self.content_cleared:
+            text += f", content cleared {self.content_cleared}"
         if self.purged:
             text += f", purged {self.purged}"
         if self.reconciled_sent or self.reconciled_requeued:
@@ -157,6 +163,9 @@ class Sweeper:
             self._reconcile(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
+            report.content_cleared = retention.clear_content(
+                from_timestamp(self.queue.time()), self._keep_lease
+            )
             if purge_sent_older_than is not None:
                 report.purged = self.purge_sent(purge_sent_older_than)
         except RedisError as exc:
@@ -391,10 +400,14 @@ class Sweeper:
         report.full_mirror_check, pushed = Mirror(self.queue, self._keep_lease).repair(force_full)
         report.remirrored += pushed
 
-    # -- 4. retention -----------------------------------------------------------------
+    # -- 6. row retention (5, the content's, is retention.py) ---------------------------
 
     def purge_sent(self, older_than_days: float) -> int:
-        """Delete sent rows (and their attempts) older than the age, in batches."""
+        """Delete sent rows (and their attempts) older than the age, in batches.
+
+        Their content has usually gone long before (``retention.py``): this is
+        the retention of the rows themselves, evidence included.
+        """
         cutoff = timezone.now() - timedelta(days=older_than_days)
         purged = 0
         while True:

@@ -2,8 +2,8 @@
 
 Each :class:`Transition` in ``table.py`` is one conditional UPDATE of ``outbox_delivery``:
 the statuses the row must be in (``source``), what else must hold (``guard``:
-the claim token of the attempt, or that the row is due; or, instead of one row,
-its message's other rows), and the columns it
+the claim token of the attempt, or that the row is due, or that its email's content
+is still there; or, instead of one row, its message's other rows), and the columns it
 writes (``sets``). Nothing else in the package writes a status. Two renderings
 are derived from the same entry:
 
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
     from .render import (
         CLOCK,
         COMPANIONS,
+        CONTENT,
         DUE,
         TOKEN,
         UNEXPIRED,
@@ -85,7 +86,7 @@ if TYPE_CHECKING:
     )
 
 _RENDER = {
-    "CLOCK", "COMPANIONS", "DUE", "TOKEN", "UNEXPIRED", "Column", "Const", "IfExpired",
+    "CLOCK", "COMPANIONS", "CONTENT", "DUE", "TOKEN", "UNEXPIRED", "Column", "Const", "IfExpired",
     "NotBefore", "Param", "Placeholder", "Transition", "named",
 }  # fmt: skip
 
@@ -95,6 +96,7 @@ __all__ = [
     "CANCEL",
     "CLOCK",
     "COMPANIONS",
+    "CONTENT",
     "DROPPED",
     "DUE",
     "EXPIRE",

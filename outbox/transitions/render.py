@@ -16,9 +16,10 @@ from django.db import connections
 from django.db.models import Case, DateTimeField, F, Field, Func, Q, Value, When
 from django.db.models.functions import Greatest
 
-from ..models import Delivery, InstantField, outbox_alias
+from ..models import Delivery, Email, InstantField, outbox_alias
 
 TABLE = Delivery._meta.db_table
+_EMAILS = Email._meta.db_table
 Placeholder = Callable[[str], str]  # a parameter's name -> its text in the statement
 
 
@@ -191,6 +192,9 @@ DUE = "due"  # guard: the row is due by the clock, ``not_before <= now``
 UNEXPIRED = "unexpired"  # guard: not past its ``expires_at`` by the clock
 # Not one row but the others of its message: ``email_id = %(email)s AND id <> %(id)s``.
 COMPANIONS = "companions"
+# guard: its email's content is still there (``Email.content_cleared_at IS NULL``): a row
+# is never queued again with nothing to send (``sweeper/retention.py``).
+CONTENT = "content"
 
 
 @dataclass(frozen=True)
@@ -245,6 +249,8 @@ class Transition:
         if UNEXPIRED in self.guard:
             clock = INSTANT_CLOCK.sql(vendor, put)
             where.append(f"(expires_at IS NULL OR expires_at > {clock})")
+        if CONTENT in self.guard:
+            where.append(f"email_id IN (SELECT id FROM {_EMAILS} WHERE content_cleared_at IS NULL)")
         text = f"UPDATE {TABLE} SET\n    {sets}\n"
         if join:
             text += f"FROM {join}\n"
@@ -274,6 +280,8 @@ class Transition:
         if UNEXPIRED in self.guard:
             clock = INSTANT_CLOCK.orm(vendor, params)
             found &= Q(expires_at__isnull=True) | Q(expires_at__gt=clock)
+        if CONTENT in self.guard:
+            found &= Q(email__content_cleared_at__isnull=True)
         return found
 
     def values(self, vendor: str, **params: Any) -> dict[str, Any]:

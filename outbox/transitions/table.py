@@ -6,6 +6,7 @@ from ..models import Attempt, Delivery
 from .render import (
     CLOCK,
     COMPANIONS,
+    CONTENT,
     DUE,
     TOKEN,
     UNEXPIRED,
@@ -158,9 +159,12 @@ NOTE_SERVER = Transition(
 
 _BACK_TO_QUEUED = {"status": Const(Status.QUEUED), **_UNCLAIMED, "updated_at": CLOCK}
 
+# An operator's requeue needs its email's content: once the sweeper has cleared
+# it (outbox/sweeper/retention.py) the row is skipped, reported as "content cleared".
 REQUEUE = Transition(
     "requeue",
     source=(Status.ABANDONED, Status.FAILED, Status.CANCELLED),
+    guard=(CONTENT,),
     sets={
         **_BACK_TO_QUEUED,
         "not_before": NotBefore(),
@@ -172,6 +176,7 @@ REQUEUE = Transition(
 REQUEUE_NOW = Transition(
     "requeue now",
     source=REQUEUE.source,
+    guard=REQUEUE.guard,
     sets={**_BACK_TO_QUEUED, "not_before": _NOW, "attempts": Const(0), "sent_at": Const(None)},
     logged_as=Outcome.REQUEUED,
 )

@@ -147,6 +147,9 @@ def email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
             "created_at": None,
             "mailer": row.mailer,
             "structure": json_value(row.structure),
+            # Not read by the worker: a cleared email's structure says so (mail/structure.py).
+            "sensitive": False,
+            "content_cleared_at": None,
         },
         using,
     )

@@ -28,7 +28,8 @@ class Command(BaseCommand):
     help = (
         "One repair pass (or --loop): reap dead workers, settle rows stuck in processing "
         "by ABANDONED_POLICY, settle abandoned rows that OUTBOX['RECONCILERS'] can vouch for, "
-        "re-mirror queued rows Redis lost, promote due scheduled ids. "
+        "re-mirror queued rows Redis lost, promote due scheduled ids, clear the content of "
+        "settled mail after OUTBOX['CONTENT_RETENTION'] (sensitive mail at once). "
         "Safe to run on every host at once."
     )
 

@@ -269,7 +269,8 @@ UPDATE outbox_delivery SET
     attempts = 0,
     sent_at = NULL
 WHERE id = %(id)s
-    AND (status IN ('abandoned', 'failed', 'cancelled')) IS TRUE;
+    AND (status IN ('abandoned', 'failed', 'cancelled')) IS TRUE
+    AND email_id IN (SELECT id FROM outbox_email WHERE content_cleared_at IS NULL);
 
 -- REQUEUE_NOW ("requeue now")
 UPDATE outbox_delivery SET
@@ -281,7 +282,8 @@ UPDATE outbox_delivery SET
     attempts = 0,
     sent_at = NULL
 WHERE id = %(id)s
-    AND (status IN ('abandoned', 'failed', 'cancelled')) IS TRUE;
+    AND (status IN ('abandoned', 'failed', 'cancelled')) IS TRUE
+    AND email_id IN (SELECT id FROM outbox_email WHERE content_cleared_at IS NULL);
 
 -- REQUEUE_DEAD ("requeue dead")
 UPDATE outbox_delivery SET

@@ -53,8 +53,12 @@ class Command(BaseCommand):
             None,
             ["carol@example.com"],
             priority="high",
+            sensitive=True,  # its content leaves the database at the first sweep after it is sent
         )
-        self.stdout.write("   a password reset, priority high, in its own transaction")
+        self.stdout.write(
+            "   a password reset, priority high, sensitive (content cleared once sent),"
+            " in its own transaction"
+        )
         enqueue_email(
             "Our autumn newsletter",
             "New teapots have arrived.",
