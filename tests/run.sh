@@ -175,7 +175,7 @@ run_cell() {
   OUTBOX_TEST_DJANGO_MAIL_TESTS="$ROOT/$venv/django-tests" \
   COVERAGE_FILE="$dir/coverage/.coverage" COVERAGE_CORE="$core" \
     "$venv/bin/python" -m pytest -p no:cacheprovider --basetemp="$dir/pytest" \
-      --junitxml="$dir/junit.xml" "${cov[@]}" "${marks[@]}" "$@"
+      --junitxml="$dir/junit.xml" -o junit_family=xunit1 "${cov[@]}" "${marks[@]}" "$@"
 }
 
 # Each cell's redis-server is started here, so that the EXIT trap stops it by pid.
