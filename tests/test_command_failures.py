@@ -28,7 +28,7 @@ from tests.servers import free_port, subprocess_env, wait_until
 # module runs in two cells only.
 pytestmark = [
     pytest.mark.django_db,
-    only_in_cells("5.2:postgres", why="the processes' settings, not the cell's, matter"),
+    only_in_cells("6.1:postgres", why="the processes' settings, not the cell's, matter"),
 ]
 
 UNAVAILABLE = 75  # EX_TEMPFAIL: Redis or the database did not answer
