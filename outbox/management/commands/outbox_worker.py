@@ -16,6 +16,7 @@ unreachable Redis or database (``--give-up-after``); 130 after a second SIGINT.
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import sys
 import time
@@ -140,6 +141,13 @@ class Command(BaseCommand):
             )
             connections.close_all()  # no connection may cross the supervisor's fork
         self._configure_logging(options["verbosity"])
+        # What exists now (Django, the apps, their modules) lives as long as the process:
+        # frozen out of the collector's reach (with --processes, before the children are
+        # forked from it), so that a full collection while sending scans only what sending
+        # made. Over everything, one took 60-100 ms with every sender thread stopped: the
+        # hand-over's latency tail (issue 44).
+        gc.collect()
+        gc.freeze()
         if options["processes"] > 1:
             self._supervise(options)
             return
