@@ -26,6 +26,7 @@ import gc
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -145,8 +146,21 @@ def live_rows() -> int | None:
 
 
 def backends_on(server: PgBouncer) -> int:
-    """PostgreSQL's sessions on the test database that came while the module ran."""
-    return len(session_pids(server) - FOREIGN)
+    """PostgreSQL's sessions on the test database that came while the module ran.
+
+    A server connection that PgBouncer has just closed (its client went away
+    mid-transaction, as a killed worker of the test before does) stays listed
+    for the few milliseconds its backend takes to exit, while PgBouncer may
+    already have opened the one that replaces it. So a count above the pool
+    is read again: a session held beyond the pool is still there a moment
+    later, an exiting one is not.
+    """
+    count = len(session_pids(server) - FOREIGN)
+    deadline = time.monotonic() + 0.5
+    while count > POOL and time.monotonic() < deadline:
+        time.sleep(0.02)
+        count = min(count, len(session_pids(server) - FOREIGN))
+    return count
 
 
 def session_pids(server: PgBouncer) -> set[int]:
