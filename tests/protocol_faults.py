@@ -25,7 +25,7 @@ The sites, and where the loop meets them:
 ``give_back``  ``worker.queue.give_back`` (``SenderLoop._give_back``)
 ``heartbeat``  ``worker.queue.heartbeat`` (``Worker.beat``)
 ``step``       ``SenderLoop._settle_and_mark`` (the step's one commit)
-``readback``   ``claimed.started_from`` (reading the claimed row back)
+``readback``   ``attempt.started_from`` (reading the claimed row back)
 ``settle``     the write ``persist()`` retries in ``Settling.alone`` (``worker/settling.py``)
 ``unclaim``    ``sql.unclaim`` (the gate's hold, ``_unclaim_pending``)
 

@@ -119,7 +119,7 @@ def test_one_relays_log_does_not_requeue_what_another_relay_took(settings, pool_
     [s] = enqueue_email("s", "b", None, ["s@example.org"])
     worker = worker_process("--concurrency", "1", **pool.env())
     wait_until(lambda: Delivery.objects.get(pk=s.pk).status == Status.SENT, 30)
-    # The worker closes a connection that idled (worker/send.py, KEEP_OPEN_SECONDS).
+    # The worker closes a connection that idled (outbox.worker.attempt.KEEP_OPEN_SECONDS).
     wait_until(lambda: pool.balancer.open_connections == 0, 10)
 
     [x] = enqueue_email("x", "b", None, ["x@example.org"])

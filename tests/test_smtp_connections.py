@@ -12,7 +12,7 @@ import pytest
 
 from outbox import enqueue_email
 from outbox.models import Delivery
-from outbox.worker import send
+from outbox.worker import attempt
 from tests.delivery import use_smtp
 from tests.servers import SMTPRecorder, wait_until
 
@@ -53,7 +53,7 @@ def sent(n: int) -> bool:
 def test_mail_that_trickles_in_reuses_the_idle_threads_connection(
     settings, counting_server, running, monkeypatch
 ):
-    monkeypatch.setattr(send, "KEEP_OPEN_SECONDS", 60.0)
+    monkeypatch.setattr(attempt, "KEEP_OPEN_SECONDS", 60.0)
     use_smtp(settings, counting_server.port)
     running(concurrency=1)
     for n in range(1, 4):
@@ -65,7 +65,7 @@ def test_mail_that_trickles_in_reuses_the_idle_threads_connection(
 
 
 def test_an_idle_thread_closes_its_connection(settings, counting_server, running, monkeypatch):
-    monkeypatch.setattr(send, "KEEP_OPEN_SECONDS", 0.0)
+    monkeypatch.setattr(attempt, "KEEP_OPEN_SECONDS", 0.0)
     use_smtp(settings, counting_server.port)
     running(concurrency=1)
     enqueue_email("s", "b", None, ["a@example.com"])

@@ -1,7 +1,7 @@
 """What a sender thread's rooms need from the worker process that runs them.
 
 :class:`~outbox.worker.process.Worker` is the one implementation; the rooms
-(``loop``, ``claimed``, ``gate``, ``backoff``) name this protocol instead, so
+(``loop``, ``attempt``, ``gate``, ``backoff``) name this protocol instead, so
 that they import nothing above them.
 """
 

@@ -1,10 +1,13 @@
 """One sender thread's loop: claim ids, mark a row, send it, settle it, repeat.
 
 The loop reads as the protocol does (see the package docstring): each step is
-one call into the room that owns it (``sql``, ``claimed``, ``send``,
-``outcomes``, ``settling``, ``gate``, ``backoff``); this holds their order,
-the retries between them, and the thread's state in named attributes of
-:class:`SenderLoop`.
+one call into the room that owns it (``sql`` for the mark, ``gate`` for a
+hold, ``attempt`` for the fenced hand-over and its outcome, ``outcomes`` and
+``settling`` for the settle, ``backoff``); this holds their order, the retries
+between them, and what the thread keeps between deliveries, in named
+attributes of :class:`SenderLoop`: the ids claimed and not yet marked
+(``pending``), the ids to ack with the next claim (``acks``), the claim tokens
+of steps to retry (``tokens``) and the outcome in hand (``settlement``).
 """
 
 from __future__ import annotations
@@ -25,13 +28,12 @@ from ..db import refused_for_good
 from ..models import Attempt, Delivery, outbox_alias
 from ..queue.entries import Claimed, QueueEntry
 from . import rows, sql
+from .attempt import Sender, started_from
 from .backoff import Backoff, drop_db_connection, wait_idle
-from .claimed import started_from
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
 from .outcomes import Settlement, Started, write_outcome
-from .send import Sender
 from .settling import Settling
 
 logger = logging.getLogger("outbox.worker")

@@ -1,13 +1,25 @@
-"""Step 3 of a sender thread: hand one message to its mailer, under the lease.
+"""One delivery's attempt in a sender thread: from its marked row to the outcome in hand.
 
-A message goes out only while the worker's heartbeat lease is live, checked
-right before the send and again right before SMTP's final dot (the fence,
-``mail/handover.py``): a worker frozen mid-send and declared dead meanwhile
-releases the row instead of handing it over. Every outcome names the server
-the connection reached; with reconcilers configured, the row names it before
-the hand-over too. The staging valve looks at the
-copy as built. The thread's mail connections live here too: opened on first
-use, kept open while mail trickles in, closed once the thread has idled.
+The loop (``loop.py``) claims ids and marks a row; what follows is here, top
+to bottom, in the order it happens:
+
+1. :func:`started_from` turns the mark's answer into the message to send
+   (:class:`~outbox.worker.outcomes.Started`), or drops a stale id.
+2. :meth:`Sender.deliver` takes the mailer's connection and sends: alone
+   (:meth:`Sender.send`), or to an ESP with its companions in one request
+   (:meth:`Sender.send_request`).
+3. :meth:`Sender.hand_over` is the hand-over, fenced: a message goes out only
+   while the worker's heartbeat lease is live, checked right before the send
+   and again right before SMTP's final dot (``mail/handover.py``). A worker
+   frozen mid-send and declared dead meanwhile releases the row instead.
+4. The outcome (:class:`~outbox.worker.outcomes.Settlement`) goes back to the
+   loop, which settles it with the next row's mark (``outcomes.py``,
+   ``settling.py``).
+
+Every outcome names the server the connection reached; with reconcilers
+configured, the row names it before the hand-over too. The staging valve looks
+at the copy as built. The thread's mail connections live here too: opened on
+first use, kept open while mail trickles in, closed once the thread has idled.
 """
 
 from __future__ import annotations
@@ -15,10 +27,12 @@ from __future__ import annotations
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Callable
 
+from django.core.mail import EmailMessage
 from django.core.mail.backends.base import BaseEmailBackend
-from django.db import DatabaseError
+from django.db import DatabaseError, transaction
 
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
@@ -26,18 +40,20 @@ from ..mail import esp, request, valve
 from ..mail.connection import Server
 from ..mail.handover import handover_server
 from ..mail.message import build_message
-from ..models import Attempt
+from ..models import Attempt, Delivery, outbox_alias
+from ..queue.entries import Claimed
+from . import rows, sql
 from .backoff import drop_db_connection
 from .connections import Connections
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
 from .outcomes import Settlement, Started, failure, from_answer
-from .sql import mark_companions, note_server, release_companions
 
 logger = logging.getLogger("outbox.worker")
 
 Outcome = Attempt.Outcome
+Status = Delivery.Status
 
 # An idle thread keeps its mail connections open this long after its last
 # send: mail that trickles in then does not pay a new connection (TCP, the
@@ -45,6 +61,53 @@ Outcome = Attempt.Outcome
 # BLOCK_TIMEOUT, far below the minutes servers allow an idle client (RFC 5321
 # section 4.5.3.2.7: at least 5), so no server times it out under a send.
 KEEP_OPEN_SECONDS = 1.0
+
+
+def started_from(
+    worker: WorkerHost,
+    item: Claimed,
+    token: uuid.UUID,
+    claimed: rows.ClaimedRow | None,
+    begun: float,
+    worker_id: str,
+) -> Started | None:
+    """What step 2's conditional UPDATE gave us; None means a stale id: drop it.
+
+    ``begun`` (time.monotonic()) and ``worker_id``, the incarnation the step
+    marked the row under, were read before the step was issued: the send is
+    fenced by that incarnation's lease, not by when the reply came.
+
+    The UPDATE left the row naming this incarnation, the claim token and
+    the start time: all the evidence the sweeper needs if we die before
+    step 4.
+    """
+    # No close_old_connections() here: with CONN_MAX_AGE=0 it would open a
+    # new connection for every email. The connection lives as long as the
+    # thread and is dropped only after a DatabaseError.
+    if claimed is None:
+        owned = Delivery.objects.filter(
+            pk=item.id, status=Status.PROCESSING, claim_token=token
+        ).first()
+        if owned is None:
+            # A queued row not due yet was pushed early: put it in `scheduled`.
+            entry = sql.early_entry(item.id, worker.clock.now())
+            if entry is not None:
+                transaction.on_commit(lambda: worker.push_quietly([entry]), using=outbox_alias())
+            worker.stats.add("skipped")
+            return None
+        # Our earlier UPDATE committed; its reply was lost.
+        claimed = rows.ClaimedRow(owned, None, False)
+    if claimed.expired:
+        # The claim UPDATE found it past its expires_at and cancelled it.
+        logger.info("delivery %s expired before it was sent; cancelled", item.id)
+        worker.stats.add("skipped")
+        return None
+    delivery = claimed.delivery
+    if claimed.email is not None:
+        email, attachments = worker.emails.remember(claimed.email, claimed.has_attachments)
+    else:
+        email, attachments = worker.emails.content(delivery.email_id)
+    return Started(delivery, email, attachments, token, begun, worker_id)
 
 
 class Sender:
@@ -116,13 +179,7 @@ class Sender:
             message, note = valve.admit(message, started.delivery.recipient)
             if over_http:
                 esp.identify(message, started.delivery.pk, started.token)
-            fault("before_send")
-            if not self.may_hand_over():
-                # The last moment a request can be called back: building the
-                # copy took a while, or the process was frozen meanwhile.
-                raise SendFencedError("the lease ran out before the request started")
-            if backend.send_messages([message]) != 1:
-                raise DeliveryError("the email backend reported the message as not sent")
+            self.hand_over(backend, message)
         except valve.NotAllowedRecipient as exc:
             return Settlement(started, Outcome.CANCELLED, str(exc))
         except SendFencedError as exc:
@@ -137,6 +194,20 @@ class Sender:
         esp_id = esp.esp_message_id(message) if over_http else ""
         return Settlement(started, Outcome.SENT, note, sent_to=sent_to, esp_message_id=esp_id)
 
+    def hand_over(self, backend: BaseEmailBackend, message: EmailMessage) -> None:
+        """Give ``message`` to ``backend``, fenced; raises if it did not take it.
+
+        The fence here is the last moment a request can be called back:
+        building the copy took a while, or the process was frozen meanwhile.
+        Over SMTP the connection asks it once more before the final dot
+        (:meth:`may_hand_over`, passed to ``Connections``).
+        """
+        fault("before_send")
+        if not self.may_hand_over():
+            raise SendFencedError("the lease ran out before the request started")
+        if backend.send_messages([message]) != 1:
+            raise DeliveryError("the email backend reported the message as not sent")
+
     def send_request(self, started: Started, backend: BaseEmailBackend) -> Settlement:
         """Send ``started``'s message to an ESP in one request, with its companions.
 
@@ -148,7 +219,7 @@ class Sender:
         """
         now = self.worker.clock.now()
         try:
-            marked = mark_companions(started.delivery, started.worker_id, now)
+            marked = sql.mark_companions(started.delivery, started.worker_id, now)
             companions = [
                 Started(
                     d,
@@ -171,11 +242,7 @@ class Sender:
                 started.email, started.attachments, [s.delivery for s in group]
             )
             esp.identify(message, started.delivery.pk, started.token)
-            fault("before_send")
-            if not self.may_hand_over():
-                raise SendFencedError("the lease ran out before the request started")
-            if backend.send_messages([message]) != 1:
-                raise DeliveryError("the email backend reported the message as not sent")
+            self.hand_over(backend, message)
         except SendFencedError as exc:
             logger.warning("delivery %s: %s; releasing it", started.delivery.pk, exc)
             why = str(exc)
@@ -200,7 +267,7 @@ class Sender:
         drop_db_connection()
         why = f"could not mark the rest of its message: {type(exc).__name__}: {exc}"
         try:
-            release_companions(started.delivery, self.worker.clock.now())
+            sql.release_companions(started.delivery, self.worker.clock.now())
         except DatabaseError as again:
             drop_db_connection()
             logger.warning(
@@ -218,7 +285,7 @@ class Sender:
         the message unsent.
         """
         try:
-            ours = note_server(started.delivery.pk, started.token, server.host, server.address)
+            ours = sql.note_server(started.delivery.pk, started.token, server.host, server.address)
         except DatabaseError as exc:
             return Settlement(started, Outcome.RELEASED, f"could not note the server: {exc}")
         if not ours:
