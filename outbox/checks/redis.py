@@ -11,7 +11,7 @@ from django.core.checks import CheckMessage, Error, Tags, Warning
 from django.core.exceptions import ImproperlyConfigured
 
 from ..conf import outbox_settings
-from ..queue.entries import get_connection, redis_address
+from ..queue.client import get_connection, redis_address
 from ..redis_cluster import startup_nodes
 from .settings import outbox_check
 

@@ -1,6 +1,7 @@
 """The Redis side: a reliable queue of delivery ids, and what rides on it.
 
-``entries`` (what the queue says about a row), ``reliable`` (the keys, a
+``client`` (which Redis, and where), ``entries`` (what the queue says
+about a row), ``reliable`` (the keys, a
 table of them, and the calls), ``scripts`` and
 ``lua/`` (the Lua scripts), ``direct`` (the web side's push connection),
 ``clock`` (Redis time), ``publish`` (pushing committed rows); then
@@ -8,13 +9,13 @@ table of them, and the calls), ``scripts`` and
 queue.
 """
 
+from .client import get_connection
 from .entries import (
     PRIORITY_INDEX,
     PRIORITY_NAME,
     Claimed,
     ClaimResult,
     QueueEntry,
-    get_connection,
 )
 from .reliable import RedisQueue
 

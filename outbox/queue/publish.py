@@ -13,7 +13,8 @@ from functools import lru_cache
 from redis import Redis
 
 from ..conf import outbox_settings
-from .entries import QueueEntry, get_connection
+from .client import get_connection
+from .entries import QueueEntry
 from .reliable import RedisQueue
 
 logger = logging.getLogger("outbox.enqueue")

@@ -66,6 +66,7 @@ from redis import Redis
 
 from ..conf import PRIORITIES, outbox_settings
 from ..redis_cluster import is_cluster, slot_target
+from .client import get_connection, socket_timeout
 from .direct import direct_connections
 from .entries import (
     PRIORITY_INDEX,
@@ -75,8 +76,6 @@ from .entries import (
     QueueEntry,
     decode,
     entry_args,
-    get_connection,
-    socket_timeout,
 )
 from .scripts import shared_script
 

@@ -52,8 +52,9 @@ from .. import operations, transitions
 from ..conf import outbox_settings
 from ..db import database_address, database_problem
 from ..models import Attempt, Delivery, Email, epoch, outbox_alias
+from ..queue.client import redis_address
 from ..queue.clock import from_timestamp
-from ..queue.entries import QueueEntry, redis_address
+from ..queue.entries import QueueEntry
 from ..queue.reliable import RedisQueue
 from . import reconcile, retention
 from .mirror import Mirror

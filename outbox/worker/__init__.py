@@ -13,12 +13,14 @@ The rooms: ``process`` (incarnation, threads, signals, heartbeat, lease),
 ``outage`` (when an outage stops the worker), ``supervisor``
 (``--processes``), ``loop`` (one thread's loop), ``attempt`` (one delivery's
 attempt, from its marked row to the outcome: the fenced hand-over, and the
-thread's mail connections), ``host`` (what the rooms need from the process),
-``sql`` (the statements run), ``group_commit`` (the threads' steps in one
-commit, on the process's step connection), ``gate`` (rate limits and pauses), ``outcomes`` (what an outcome is
-and how it is written), ``settling`` (an outcome written alone, or parked),
-``report``, ``backoff``, ``cache`` (email contents), ``connections``
-(delivery connections) and ``faults`` (the one test hook).
+thread's mail connections), ``incarnation`` (who the process is now, and its
+lease), ``host`` (what the rooms need from the process), ``sql`` (the
+statements run), ``group_commit`` (the threads' steps in one commit, on the
+process's step connection), ``gate`` (rate limits and pauses), ``outcomes``
+(what an outcome is and how it is written), ``settling`` (an outcome written
+alone, or parked), ``report``, ``backoff``, ``alarm`` (the failure alarm's
+counts), ``cache`` (email contents), ``connections`` (delivery connections)
+and ``faults`` (the one test hook).
 """
 
 from ..mail.failures import is_permanent

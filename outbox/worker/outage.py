@@ -19,7 +19,7 @@ from django.db import DatabaseError, connections
 
 from ..db import database_address, database_problem
 from ..models import outbox_alias
-from ..queue.entries import redis_address
+from ..queue.client import redis_address
 
 logger = logging.getLogger("outbox.worker")
 

@@ -54,7 +54,7 @@ from .alarm import FailureAlarm
 from .backoff import close_quietly
 from .cache import EmailCache
 from .group_commit import GroupCommit, StepConnection
-from .host import Incarnation
+from .incarnation import Incarnation
 from .loop import SenderLoop
 from .outage import GiveUp
 from .report import Stats
@@ -115,7 +115,7 @@ class Worker:
         self.control = ControlView()
         self.crashed = False
         # The incarnation's name and lease, replaced as one under `_lock`
-        # (host.py, Incarnation): ids claimed under an older name are the
+        # (outbox.worker.incarnation.Incarnation): ids claimed under an older name are the
         # sweeper's now.
         self._incarnation = Incarnation(new_incarnation(self.name), time.monotonic())
         # The heartbeat outlives stop_event: it beats until every sender thread
@@ -349,7 +349,7 @@ class Worker:
             registered_at = self._register(new)
             # The name and the lease in one assignment: a sender reads both
             # of the old incarnation or both of the new one, never the new
-            # lease with the old name (host.py, Incarnation).
+            # lease with the old name (outbox.worker.incarnation.Incarnation).
             with self._lock:
                 self._incarnation = Incarnation(new, registered_at)
 

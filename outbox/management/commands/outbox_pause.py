@@ -12,7 +12,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from redis.exceptions import RedisError
 
 from ...queue import control
-from ...queue.entries import redis_address
+from ...queue.client import redis_address
 
 # As outbox_worker and outbox_sweep: EX_TEMPFAIL of sysexits.h, "try again later".
 EXIT_UNAVAILABLE = 75
