@@ -13,6 +13,8 @@ or, when set, by :attr:`FakeESP.choose` (the chaos run's dice):
 ``drop``     the request is read, not accepted, and the connection is reset
 ``429``      refused for now, with ``Retry-After`` (:attr:`FakeESP.retry_after`)
 ``422``      Postmark's refusal of the recipient (``ErrorCode`` 300); Mailgun's 400
+``unsigned`` Postmark's refusal of the account's sending: 422, ``ErrorCode`` 400 (no
+             sender signature for the From address)
 ``500``, ``502``, ``503``  that status (503 with ``Retry-After``)
 ``gateway``  accepted, then a gateway's 502 instead of the ESP's answer
 ``early500`` Postmark: accepted, its Delivery webhook posted to
@@ -241,6 +243,12 @@ def _handler(esp: FakeESP) -> type[BaseHTTPRequestHandler]:
             if action == "422":
                 message = f"Invalid 'To' address: '{parseaddr(to)[1]}'."
                 return self.answer(422, {"ErrorCode": 300, "Message": message})
+            if action == "unsigned":
+                message = (
+                    f"The 'From' address you supplied ({data.get('From', '')}) is not a "
+                    "Sender Signature on your account."
+                )
+                return self.answer(422, {"ErrorCode": 400, "Message": message})
             if self.failed(action, {"ErrorCode": 701, "Message": "fake failure"}):
                 return
             refused = [r.lower() for r in recipients[1:] if esp.inactive(r)]

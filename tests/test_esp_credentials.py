@@ -128,6 +128,31 @@ def test_a_401_is_the_mailers_credential_refused_not_the_message(esp, backend):
     assert configuration_refused(send_error(backend)) is None
 
 
+def test_postmarks_refusal_of_the_accounts_sending_is_the_mailers_not_the_message(esp):
+    """A 422 whose ErrorCode is about the account (a sender signature) pauses the mailer."""
+    esp.plan["bob@example.com"] = ["unsigned"]
+    why = configuration_refused(send_error(POSTMARK_BACKEND))
+    assert why is not None and why.startswith("Postmark refused the account's sending (HTTP 422")
+    assert '"ErrorCode": 400' in why and "is not a Sender Signature" in why
+
+
+def test_an_unconfirmed_sender_spends_no_attempt_and_pauses_the_mailer_alone(
+    esp, settings, worker_process
+):
+    default, bulk = rows(settings, default=3, bulk=2)
+    esp.plan.update({d.recipient: ["unsigned"] for d in default})
+    code, output = burst(worker_process, **env(esp, OUTBOX_TEST_MAILER_PAUSE="60,600"))
+    assert code == 0, output
+    assert statuses(bulk) == [(Status.SENT, 1)] * 2
+    assert statuses(default) == [(Status.QUEUED, 0)] * 3
+    # One request met the refusal; the mailer's other rows were held without a request.
+    assert [action for _to, action in esp.requests].count("unsigned") == 1
+    [released] = Attempt.objects.filter(delivery__in=default)
+    assert released.outcome == Outcome.RELEASED and "Sender Signature" in released.error
+    [line] = [x for x in output.splitlines() if "paused for" in x]
+    assert "the default mailer" in line and "Postmark refused the account's sending" in line
+
+
 def test_a_backend_that_cannot_be_created_is_the_mailers_configuration(settings):
     del settings.ANYMAIL["POSTMARK_SERVER_TOKEN"]
     with pytest.raises(ImproperlyConfigured) as info:

@@ -42,7 +42,10 @@ class name and status code, so neither library is imported
 
 **The mailer's own configuration refused** (:func:`configuration_refused`):
 the ESP answered 401 or 403 (its credential is missing, wrong or revoked,
-or the account may not send), or the backend could not be created at all
+or the account may not send), or refused the account's sending by its own
+code (Postmark's 422 with ``ErrorCode`` 400, 401, 405 or 412: a sender
+signature missing or unconfirmed, no credits, an account awaiting
+approval), or the backend could not be created at all
 (``ImproperlyConfigured``: anymail's ``AnymailConfigurationError`` when a
 setting such as ``POSTMARK_SERVER_TOKEN`` is missing; not
 ``UnknownMailerError``, a mailer this host's settings lack). Not this message's
@@ -150,6 +153,15 @@ def classify(exc: BaseException) -> FailureKind:
 # token"; Mailgun's "Forbidden"; SendGrid's bad API key) and 403 (a key
 # without the permission to send, a sender the account may not use).
 _CREDENTIAL_REFUSED = frozenset({401, 403})
+# An ESP's refusals of the account's sending rather than of one message, as HTTP
+# status -> the ESP's own error codes: Postmark's ErrorCode 400 (no sender
+# signature for the From address), 401 (the signature not confirmed), 405 (the
+# account may not send: out of credits) and 412 (the account awaits approval).
+# Like a refused credential, every message of the mailer would meet them until
+# someone fixes the account: the mailer is paused, no attempt is spent.
+_ACCOUNT_REFUSALS: dict[str, dict[int, frozenset[object]]] = {
+    "Postmark": {422: frozenset({400, 401, 405, 412})},
+}
 # Amazon SES (boto3) names them: an unknown or expired key, a bad signature,
 # a key without the permission; and botocore's own when it finds no credential.
 _SES_CREDENTIAL_REFUSED = frozenset(
@@ -170,7 +182,8 @@ def configuration_refused(exc: BaseException) -> str | None:
     """Why the mailer itself cannot send now, if ``exc`` says so; else None.
 
     ``ImproperlyConfigured`` (raised creating or using the backend: a missing
-    setting), or an ESP's 401/403 (module docstring). The text names the
+    setting), an ESP's 401/403, or its refusal of the account's sending
+    (module docstring). The text names the
     ESP's answer, for the log and the attempt's error.
     """
     chain = list(_chain(exc))
@@ -186,6 +199,10 @@ def configuration_refused(exc: BaseException) -> str | None:
     if status in _CREDENTIAL_REFUSED:
         answer = esp_answer(exc) or f"HTTP {status}"
         return f"{esp} refused its credential ({answer})"
+    account = _ACCOUNT_REFUSALS.get(esp, {}).get(status) if status is not None else None
+    if account is not None and _esp_code(exc) in account:
+        answer = esp_answer(exc) or f"HTTP {status}"
+        return f"{esp} refused the account's sending ({answer})"
     code = _boto_code(exc)
     refused = (names | ({code} if code else set())) & _SES_CREDENTIAL_REFUSED
     if refused:
@@ -200,7 +217,7 @@ def configuration_refused(exc: BaseException) -> str | None:
 # ``ErrorCode``: 300 (invalid request: an address, a header), 406 (inactive
 # recipient: anymail raises AnymailRecipientsRefused), 402/409 (not valid
 # JSON) are the message's; 400/401/405/412 (sender signature, account) are the
-# account's, retried until someone fixes it. Amazon SES (boto3) names errors:
+# account's (:data:`_ACCOUNT_REFUSALS`). Amazon SES (boto3) names errors:
 # ``MessageRejected`` (and an invalid parameter) is the message's; throttling
 # and a paused account are not.
 PERMANENT_REFUSALS: dict[str, dict[int | str, frozenset[int | str] | None]] = {
