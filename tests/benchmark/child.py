@@ -7,7 +7,8 @@ with the next system (see ``rotated``). The parts: enqueue, delivery
 with the no-op backend and over SMTP, per-email counts and a profile of our
 worker (instruments.py), the scale check (scale.py) and the dashboard at a
 million rows (dashboard.py), CPU per email and latency (efficiency.py), and, only when
-named, the operator's pages at 5,000,000 rows (admin_scale.py), PostgreSQL only.
+named, the operator's pages at 5,000,000 rows (admin_scale.py) and the latency part
+side by side with Celery and Django Tasks (side_by_side.py), PostgreSQL only.
 """
 
 from __future__ import annotations
@@ -45,6 +46,8 @@ from tests.benchmark.instruments import Instruments, profile_table
 from tests.benchmark.memory import MemoryMixin
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
+from tests.benchmark.side_by_side import SYSTEMS as LATENCY_SYSTEMS
+from tests.benchmark.side_by_side import SideBySideMixin
 from tests.benchmark.systems import SYSTEMS
 
 T = TypeVar("T")
@@ -62,6 +65,9 @@ def child_main(args: argparse.Namespace) -> None:
     sizes.scale_history = tuple(sizes.scale_history)  # type: ignore[assignment]
     sizes.admin_scale_history = tuple(sizes.admin_scale_history)  # type: ignore[assignment]
     child = Child(args.db, sizes, args.repeat, set(args.only.split(",")) if args.only else None)
+    child.latency_seconds = args.latency_seconds
+    child.latency_systems = args.latency_systems.split(",")
+    child.timeline = args.timeline
     child.run()
     Path(args.out).write_text(json.dumps(child.result(), indent=1))
 
@@ -73,6 +79,7 @@ class Child(
     BulkMixin,
     SendingMixin,
     EfficiencyMixin,
+    SideBySideMixin,
     MemoryMixin,
 ):
     def __init__(self, db: str, sizes: Sizes, repeat: int, only: set[str] | None) -> None:
@@ -85,6 +92,9 @@ class Child(
         self.rows: list[Row] = []
         self.extra: dict[str, Any] = {}
         self.vendor = connection.vendor
+        self.latency_seconds = 60.0
+        self.latency_systems = list(LATENCY_SYSTEMS)
+        self.timeline = True
         import redis
 
         self.redis = redis.Redis.from_url(os.environ["BENCH_REDIS_URL"])
@@ -123,8 +133,10 @@ class Child(
             self.bench_sending()
         if self.want("efficiency") and self.vendor == "postgresql":
             self.bench_efficiency()
-        # Only when named (--only latency): the latency rows alone, a minute or so.
+        # Only when named (--only latency): the side-by-side at 100/s (side_by_side.py),
+        # then ours alone with the 20 ms server.
         if self.only and "latency" in self.only and self.vendor == "postgresql":
+            self.bench_side_by_side()
             self.bench_latency()
         # Only when named (--only memory): 200,000 emails per Django version.
         if self.only and "memory" in self.only:

@@ -24,6 +24,7 @@ from tests.benchmark.dashboard_report import dashboard_section
 from tests.benchmark.efficiency import efficiency_section, latency_section
 from tests.benchmark.memory import memory_section
 from tests.benchmark.sending import sending_section
+from tests.benchmark.side_by_side import side_by_side_section
 from tests.benchmark.targets import evaluate_targets
 
 
@@ -154,6 +155,8 @@ def build_report(
 
     targets = evaluate_targets(rows, children, previous)
     md: list[str] = ["# Email outbox benchmark", ""]
+    if params.get("note"):
+        md += [f"**{params['note']}**", ""]
     md.append(
         "Produced by `tests/benchmark/run.sh` (tests/benchmark/run.py). Rates are emails per second, median of "
         f"{params['repeat']} run(s), each repetition starting with the next system; `x ours` is each row's rate divided by our best configuration "
@@ -196,6 +199,7 @@ def build_report(
         md += admin_scale_section(db, data["extra"].get("admin_scale"))
         md += sending_section(db, data["extra"].get("sending"))
         md += efficiency_section(db, data["extra"].get("efficiency"))
+        md += side_by_side_section(db, data["extra"].get("side_by_side"), info)
         md += latency_section(db, data["extra"].get("latency"))
         md += memory_section(db, data["extra"].get("memory"))
     return "\n".join(md) + "\n", targets

@@ -7,7 +7,9 @@ child process per database (Django settings are per process; child.py),
 collects their JSON results, prints one table and writes results/latest.md
 (report.py). Each system's side lives in system_outbox.py, system_post_office.py
 and system_mailer.py; the counters and profiler in instruments.py; the scale
-check in scale.py.
+check in scale.py. The latency part compares us with Celery and Django Tasks
+instead (side_by_side.py, peer_celery.py, peer_tasks.py; the timeline: probe.py,
+timeline.py).
 
 Every measurement starts from empty tables (TRUNCATE, or DELETE on SQLite) and
 an empty Redis database; the reported time is the median of --repeat runs.
@@ -29,6 +31,7 @@ from typing import Any
 
 from tests.benchmark.common import PREPARED, QUICK, RESULTS, ROOT, SETTINGS, Row, Sizes
 from tests.benchmark.report import build_report, machine_info
+from tests.benchmark.side_by_side import SYSTEMS as LATENCY_SYSTEMS
 
 
 def prepare_db(db: str, env: dict[str, str]) -> None:
@@ -111,6 +114,10 @@ def run_child(args: argparse.Namespace, db: str, sizes: Sizes, repeat: int) -> d
         "--out",
         out,
     ]
+    cmd += ["--latency-seconds", str(args.latency_seconds)]
+    cmd += ["--latency-systems", args.latency_systems]
+    if not args.timeline:
+        cmd += ["--no-timeline"]
     only = args.only
     if db == "sqlite" and not only:
         only = "enqueue,noop,smtp,counts"
@@ -127,7 +134,8 @@ def parameters(
     args: argparse.Namespace, sizes: Sizes, children: dict[str, dict[str, Any]], started: float
 ) -> dict[str, Any]:
     """The "Machine and parameters" list of the report."""
-    return {
+    out: dict[str, Any] = {"note": args.note} if args.note else {}
+    return out | {
         "mode": "quick (smoke sizes)" if args.quick else "full",
         "repeat": ", ".join(f"{db}: {children[db]['repeat']}" for db in children),
         "enqueue bulk recipients": sizes.enqueue_bulk,
@@ -153,6 +161,9 @@ def parameters(
                 else "; SQLite sizes: 1,000 calls, 1,500 no-op, 300 SMTP, 500 counted"
             )
         ),
+        "latency part": f"side by side ({args.latency_systems}), {args.latency_seconds:g} s "
+        f"per system per run, timeline {'on' if args.timeline else 'off'}; then ours alone "
+        "with the 20 ms server, 10 s",
         "runtime": f"{time.monotonic() - started:.0f}s",
     }
 
@@ -195,12 +206,30 @@ def main() -> None:
         default="",
         help="comma list of parts: enqueue,noop,smtp,counts,profile,scale,dashboard,bulk,sending,"
         "efficiency; only when named: admin-scale (5,000,000 rows, about 20 minutes), latency "
-        "(100/s, instant and 20 ms servers) and memory (one worker's RSS over --memory-emails "
+        "(100/s side by side with Celery and Django Tasks, then ours with a 20 ms server) and memory (one worker's RSS over --memory-emails "
         "emails; BENCH_WORKER_PYTHONS names the Pythons, e.g. Django 5.2's and 6.1's)",
     )
     parser.add_argument(
         "--memory-emails", type=int, default=None, help="emails of the memory part (200,000)"
     )
+    parser.add_argument(
+        "--latency-seconds",
+        type=float,
+        default=60.0,
+        help="the latency part's side by side: seconds of 100/s per system per run (60)",
+    )
+    parser.add_argument(
+        "--latency-systems",
+        default=",".join(LATENCY_SYSTEMS),
+        help=f"the latency part's systems, in order (default {','.join(LATENCY_SYSTEMS)})",
+    )
+    parser.add_argument(
+        "--timeline",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the latency part's per-email timeline (tests/benchmark/probe.py in the workers)",
+    )
+    parser.add_argument("--note", default="", help="a line at the top of the report")
     parser.add_argument("--output", default=str(RESULTS / "latest.md"))
     parser.add_argument(
         "--previous",

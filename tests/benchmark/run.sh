@@ -10,6 +10,10 @@
 #     --output tests/benchmark/results/admin-scale-postgres.md  # the admin at 5,000,000 rows, ~20 min
 #   tests/benchmark/run.sh --db postgres --only latency --repeat 3  # 100/s, instant and 20 ms servers, ~2 min
 #     (the last two only when named: not part of the full run)
+#   tests/benchmark/run.sh --db postgres --only latency --side-by-side --repeat 5 \
+#     --output tests/benchmark/results/latency-side-by-side-postgres.md
+#     # the outbox, Celery + django-celery-email and Django Tasks + django-tasks-db in one run
+#     # (issue 44): 100/s for --latency-seconds (60) each, ~5 minutes a repetition
 #
 # Every argument goes to tests/benchmark/run.py (see `tests/benchmark/run.sh --help`). It makes its
 # own virtualenv .venv-bench, starts redis-server and a throwaway PostgreSQL on
@@ -29,7 +33,11 @@ ensure_venv "$ROOT/.venv-bench" "$PYTHON" postgres \
   "django-post-office>=3.9,<4" \
   "django-mailer>=2.3,<2.4" \
   "psycopg[binary]>=3.1" \
-  "aiosmtpd>=1.4"
+  "aiosmtpd>=1.4" \
+  "celery[redis]>=5.5,<6" \
+  "django-celery-email>=3.0,<4" \
+  "django-tasks>=0.12,<0.13" \
+  "django-tasks-db>=0.13,<0.14"
 
 start_redis
 start_postgres durable

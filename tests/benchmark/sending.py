@@ -163,9 +163,17 @@ class _Sink:
 
     def arrivals(self) -> list[tuple[float, str]]:
         out = []
-        for line in self.log.read_text().splitlines():
-            when, _sp, rcpt = line.partition(" ")
+        for line in self.log.read_text().split("\n")[:-1]:  # a line being written is left out
+            when, rcpt = line.split(" ")[:2]
             out.append((float(when), rcpt))
+        return out
+
+    def timeline(self) -> dict[str, tuple[float, float, float]]:
+        """Per recipient: when its MAIL command arrived, its DATA ended, it was accepted."""
+        out = {}
+        for line in self.log.read_text().splitlines():
+            when, rcpt, mail_at, data_at = line.split(" ")
+            out[rcpt] = (float(mail_at), float(data_at), float(when))
         return out
 
     def __exit__(self, *exc: object) -> None:

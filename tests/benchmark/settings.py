@@ -8,6 +8,10 @@
 - BENCH_EMAIL "serialize": serialise every copy, keep nothing (memory.py);
   BENCH_OUTBOX_ONLY: no post_office or mailer (a worker from another virtualenv).
 - BENCH_TMP: where django-mailer and django-post-office keep their lock files.
+- The latency part's peers (side_by_side.py): Celery + django-celery-email
+  (BENCH_CELERY_BROKER_URL, its own redis-server; peer_celery.py) and Django Tasks +
+  django-tasks-db (peer_tasks.py); BENCH_CONN_MAX_AGE sets CONN_MAX_AGE (None:
+  persistent); BENCH_TIMELINE (a folder) installs the timeline probe (probe.py).
 """
 
 import json
@@ -36,6 +40,9 @@ INSTALLED_APPS = [
 if os.environ.get("BENCH_OUTBOX_ONLY"):
     # A worker run from another virtualenv (the memory part, memory.py) needs only the outbox.
     INSTALLED_APPS = INSTALLED_APPS[:-2]
+else:
+    # The latency part's peers (side_by_side.py); .venv-bench has them (run.sh).
+    INSTALLED_APPS += ["djcelery_email", "django_tasks", "django_tasks_db"]
 MIDDLEWARE = [
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -85,6 +92,10 @@ else:
 
 # Django's default. The outbox worker keeps one connection per thread anyway.
 DATABASES["default"]["CONN_MAX_AGE"] = 0
+if os.environ.get("BENCH_CONN_MAX_AGE"):
+    # Persistent connections ("none") for the Django Tasks workers of the latency part.
+    _age = os.environ["BENCH_CONN_MAX_AGE"]
+    DATABASES["default"]["CONN_MAX_AGE"] = None if _age == "none" else int(_age)
 _PG = DATABASES["default"]["ENGINE"].endswith("postgresql")
 if os.environ.get("BENCH_PREPARE_THRESHOLD") and _PG:
     # Django's switch for psycopg's prepared statements (off by default, for
@@ -123,6 +134,21 @@ MAILER_EMAIL_BACKEND = DELIVERY_BACKEND
 _tmp = os.environ.get("BENCH_TMP", tempfile.gettempdir())
 MAILER_LOCK_PATH = os.path.join(_tmp, "mailer_send")
 POST_OFFICE = {"BACKENDS": {"default": DELIVERY_BACKEND}}  # everything else: defaults
+
+# The latency part's peers (side_by_side.py). Celery + django-celery-email: the
+# request's process sets EMAIL_BACKEND to djcelery_email's for its run; the worker
+# sends through the same backend as everyone else.
+CELERY_BROKER_URL = os.environ.get("BENCH_CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+CELERY_EMAIL_BACKEND = DELIVERY_BACKEND
+CELERY_TASK_IGNORE_RESULT = True
+# Django Tasks: the database backend of django-tasks-db, in the same database.
+TASKS = {"default": {"BACKEND": "django_tasks_db.DatabaseBackend"}}
+
+if os.environ.get("BENCH_TIMELINE"):
+    # The latency part's per-email timeline: once the apps are ready, wraps a few
+    # public functions of the outbox in this process (tests/benchmark/probe.py).
+    # Off: not imported, nothing wrapped.
+    INSTALLED_APPS += ["tests.benchmark.probe.ProbeConfig"]
 
 LOGGING = {
     "version": 1,

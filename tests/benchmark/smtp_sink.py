@@ -5,7 +5,8 @@
 Runs until SIGTERM/SIGINT. It counts accepted messages and prints the count on
 exit; it does not parse them, so that the server's own cost stays small. With
 BENCH_SINK_LOG set, it also appends one line per accepted message to that file:
-the time it arrived (epoch seconds) and its first recipient.
+the time it was accepted (epoch seconds), its first recipient, and when its MAIL
+command and the end of its DATA arrived (the latency part's timeline).
 """
 
 from __future__ import annotations
@@ -28,12 +29,25 @@ class Sink:
         path = os.environ.get("BENCH_SINK_LOG")
         self.log = open(path, "a", buffering=1) if path else None  # noqa: SIM115
 
+    async def handle_MAIL(
+        self, server: Any, session: Any, envelope: Any, address: str, mail_options: list[str]
+    ) -> str:
+        # What aiosmtpd does without this hook, plus the time (a fresh envelope per message).
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        envelope.bench_mail_at = time.time()
+        return "250 OK"
+
     async def handle_DATA(self, server: Any, session: Any, envelope: Any) -> str:
+        data_at = time.time()
         if self.delay:
             await asyncio.sleep(self.delay)
         self.count += 1
         if self.log is not None:
-            self.log.write(f"{time.time():.6f} {envelope.rcpt_tos[0]}\n")
+            mail_at = getattr(envelope, "bench_mail_at", data_at)
+            self.log.write(
+                f"{time.time():.6f} {envelope.rcpt_tos[0]} {mail_at:.6f} {data_at:.6f}\n"
+            )
         return "250 Message accepted for delivery"
 
 
