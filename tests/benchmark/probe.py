@@ -8,11 +8,11 @@ imported or wrapped, so the worker's hot path costs what it always does.
 What it records, with ``time.time()`` (one clock for every process of the machine):
 
 - the outbox's worker: ``claim`` (``RedisQueue.claim`` returned the id), ``mark``
-  (``outbox.worker.loop.started_from`` called: the step that marked the row
-  ``processing`` has committed), ``conn`` (the thread's mail connection is open,
-  ``Connection.ensure_open`` returned), ``fence`` (each ``Sender.may_hand_over``:
-  the first right before the backend's ``send_messages``, the last right before
-  SMTP's final dot);
+  (``outbox.worker.attempt.started_from`` called, under the name the loop calls:
+  the step that marked the row ``processing`` has committed), ``conn`` (the
+  thread's mail connection is open, ``Connection.ensure_open`` returned),
+  ``fence`` (each ``Sender.may_hand_over``: the first right before the backend's
+  ``send_messages``, the last right before SMTP's final dot);
 - Celery: ``start`` (the documented ``task_prerun`` signal), per recipient;
 - Django Tasks: ``start``, recorded by the task itself (peer_tasks.py).
 
@@ -97,7 +97,7 @@ def _after(step: str, key_of: Callable[..., Any]) -> Callable[[Callable[..., Any
 
 def _install_outbox() -> None:
     from outbox.queue import reliable
-    from outbox.worker import connections, loop, send
+    from outbox.worker import attempt, connections, loop
 
     reliable.RedisQueue.claim = _after("claim", lambda result, *_a: [c.id for c in result.items])(
         reliable.RedisQueue.claim
@@ -123,7 +123,7 @@ def _install_outbox() -> None:
 
     connections.Connection.ensure_open = opened  # type: ignore[method-assign]
 
-    may_hand_over = send.Sender.may_hand_over
+    may_hand_over = attempt.Sender.may_hand_over
 
     @functools.wraps(may_hand_over)
     def fence(self: Any) -> bool:
@@ -131,7 +131,7 @@ def _install_outbox() -> None:
         return may_hand_over(self)
 
     # Before any Sender exists: each binds it for its connections' fence too.
-    send.Sender.may_hand_over = fence  # type: ignore[method-assign]
+    attempt.Sender.may_hand_over = fence  # type: ignore[method-assign]
 
 
 def _install_celery() -> None:
