@@ -22,7 +22,7 @@ from tests.paths import ROOT
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
 # django-anymail's own tests, vendored unchanged: they run through the outbox, by
-# tests/test_anymail_backends.py, never on their own.
+# tests/upstream/test_anymail_backends.py, never on their own.
 collect_ignore = ["anymail_upstream"]
 
 # A failing example is printed with the blob that replays it (@reproduce_failure):

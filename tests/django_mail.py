@@ -1,4 +1,4 @@
-"""Running Django's own mail tests through the outbox (see tests/test_django_mail.py).
+"""Running Django's own mail tests through the outbox (see tests/upstream/test_django_mail.py).
 
 The tests are ``tests/mail/`` of the installed Django's sdist, fetched by the test
 command into ``<venv>/django-tests/<version>/mail`` (``ensure_django_mail_tests`` in

@@ -364,7 +364,7 @@ def test_paginator_counts_exactly_below_the_threshold_and_off_postgresql():
     if connection.vendor != "postgresql":
         assert paginator.estimated_count() is None
     # A filtered list the planner expects to be short is counted exactly
-    # (tests/test_query_plans.py has the long one).
+    # (tests/admin/test_query_plans.py has the long one).
     filtered = EstimatedCountPaginator(
         Delivery.objects.filter(recipient__endswith="1@example.com").order_by("-id"), 10
     )

@@ -2,8 +2,8 @@
 
 Each case sends a Django message through ``OutboxBackend`` and a burst worker,
 and compares the delivered copy with Django's own ``message()`` of the same
-message. Django's own mail tests run the same way in tests/test_django_mail.py;
-random messages in tests/test_fidelity_property.py.
+message. Django's own mail tests run the same way in tests/upstream/test_django_mail.py;
+random messages in tests/backends/test_fidelity_property.py.
 """
 
 from __future__ import annotations

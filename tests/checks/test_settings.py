@@ -358,7 +358,7 @@ SENTINEL = {
 
 def test_a_cluster_cache_passes(settings):
     settings.CACHES = {**settings.CACHES, "default": CLUSTER}
-    # Only W013: no cluster listens there (a cluster is tested in test_redis_topologies.py).
+    # Only W013: no cluster listens there (a cluster is tested in tests/faults/test_redis_failover.py).
     [warning] = outbox_checks()
     assert warning.id == "outbox.W013"
     assert "redis://127.0.0.1:7000, redis://127.0.0.1:7001" in warning.msg

@@ -501,7 +501,7 @@ def test_two_concurrent_sends_of_one_message_id_both_commit_as_if_one_after_the_
     }
     rows = {name: Delivery.objects.get(pk=d.pk) for name, d in sent.items()}
     # The first keeps the sender's ID; the second gets what a second send gets
-    # (tests/test_drop_in.py, test_a_reused_message_id_gets_a_unique_one).
+    # (tests/backends/test_drop_in.py, test_a_reused_message_id_gets_a_unique_one).
     assert rows["first"].message_id == message_id
     assert re.fullmatch(r"<order-42\.[0-9a-f]{32}@shop\.example>", rows["second"].message_id)
     assert sent["second"].message_id == rows["second"].message_id

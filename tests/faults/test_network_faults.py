@@ -18,7 +18,7 @@ abandoned row sent, no row stuck.
 - SMTP: the reply to the final dot is lost: "review" flags the row, "requeue"
   sends it again.
 
-The in-process halves of these rules are in tests/test_promise_machinery.py.
+The in-process halves of these rules are in tests/faults/test_promise_machinery.py.
 """
 
 from __future__ import annotations
@@ -393,7 +393,7 @@ def test_no_send_once_heartbeats_are_lost(worker, queue, smtp_of, outbox_mail):
 def test_a_lost_reply_to_the_final_dot(policy, worker, queue, smtp_server):
     """In doubt after DATA: "review" flags the row and never sends it again; "requeue" does.
 
-    This already held before the lease and give-back fixes (tests/test_ambiguous.py
+    This already held before the lease and give-back fixes (tests/faults/test_ambiguous.py
     has it in process); here it is a real worker against a real connection cut.
     """
     [row] = enqueue_email("s", "b", None, ["a@example.com"])

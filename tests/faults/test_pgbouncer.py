@@ -412,7 +412,7 @@ def noticed(output: str) -> bool:
 
 # The chaos run's faults that meet the database connection, one of each, smaller: the
 # SMTP and Redis faults (stall, cut, skew, Redis wipe and outage, lost claim and push
-# replies, long send) are the same with or without a pooler, and test_chaos.py runs them.
+# replies, long send) are the same with or without a pooler, and tests/faults/test_chaos.py runs them.
 CHAOS = {
     **{name: 0 for name in SMALL},
     "deliveries": 150,

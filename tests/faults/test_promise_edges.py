@@ -10,7 +10,7 @@ Each test names the fault and the transition it covers (see outbox/PROTOCOL.md):
 - the worker's shutdown and crash paths.
 
 The SMTP edges (a server that never answers, one that cuts after DATA) are in
-tests/test_send_timeout.py and tests/test_ambiguous.py.
+tests/faults/test_send_timeout.py and tests/faults/test_ambiguous.py.
 """
 
 from __future__ import annotations
@@ -133,7 +133,7 @@ def test_requeue_of_a_cancelled_scheduled_row_is_due_now(queue, outbox_mail):
     A transition to queued that does not keep the schedule (the sweeper's, and
     "Requeue and send now", ``transitions.REQUEUE_NOW``) makes the row due now and
     replaces its old scheduled entry. An operator's plain requeue keeps a later send time instead
-    (tests/test_clocks.py).
+    (tests/faults/test_clocks.py).
     """
     [row] = enqueue_email(
         "s", "b", None, ["a@example.com"], send_at=timezone.now() + timedelta(days=7)

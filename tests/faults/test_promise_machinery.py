@@ -15,7 +15,7 @@ Each test names the fault and the rule it checks (see outbox/PROTOCOL.md):
 - a ``BLOCK_TIMEOUT`` longer than the Redis client's socket timeout works.
 
 Faults on the network between a worker and its servers are in
-tests/test_network_faults.py.
+tests/faults/test_network_faults.py.
 """
 
 from __future__ import annotations

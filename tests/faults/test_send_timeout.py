@@ -3,7 +3,7 @@
 Unit level: the setting and its system check, how :func:`get_delivery_connection`
 applies it, and Django's stock SMTP backend against real servers on loopback that
 accept the connection and then say nothing (no greeting, or no reply after the
-final dot). :class:`SendmailBackend`'s time limit is tested in tests/test_sendmail.py.
+final dot). :class:`SendmailBackend`'s time limit is tested in tests/mail/test_sendmail.py.
 
 Then a real SMTP server behind tests/proxy.py, which lets its replies through
 one byte at a time: every wait is short, but the send as a whole must still end

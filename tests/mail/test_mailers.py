@@ -3,7 +3,7 @@
 Two real SMTP servers on loopback stand for two mail services: the worker's
 default target, and the ``"bulk"`` mailer (an alias of ``MAILERS`` on Django
 6.1, a key of ``OUTBOX["BACKENDS"]`` on 5.2). The worker runs in this
-process, as tests/test_worker.py runs it.
+process, as tests/worker/test_loop.py runs it.
 """
 
 from __future__ import annotations

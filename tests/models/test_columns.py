@@ -1,6 +1,6 @@
 """The tables: attempt outcomes, worker id columns, and --worker-id checks.
 
-Their migrations: tests/test_migrations.py.
+Their migrations: tests/project/test_migrations.py.
 """
 
 from __future__ import annotations

@@ -13,9 +13,10 @@ the project and check four kinds of reference:
 - ``OUTBOX["NAME"]`` names a setting (``outbox.conf.DEFAULTS``).
 
 And one reference the tests must not make: no module under ``tests/`` imports
-a test module (``tests.test_*``). What several test modules share lives in a
-helper module (``tests/servers.py``, ``tests/delivery.py``, ``tests/processes.py``,
-...), where the next reader looks for it.
+a test module (``tests.test_*``, ``tests.worker.test_*``, ...). What several
+test modules share lives in a helper module (``tests/servers.py``,
+``tests/delivery.py``, ``tests/processes.py``, ...), where the next reader looks
+for it.
 
 Reports of past runs (``tests/*/results/``) are left out: they record what the
 code was when they were made. So are django-anymail's vendored tests
@@ -80,7 +81,7 @@ def scanned() -> list[str]:
             path.endswith(SCANNED)
             and "/results/" not in path
             and not path.startswith("outbox/migrations/")
-            and path != "tests/test_references.py"  # its docstrings show the forms it reads
+            and path != "tests/project/test_references.py"  # its docstrings show the forms it reads
             # django-anymail's tests, vendored unchanged: their text is anymail's.
             and not (path.startswith(VENDORED) and path != f"{VENDORED}README.md")
         )
@@ -190,7 +191,7 @@ def test_dotted_paths_import() -> None:
 def test_named_settings_exist() -> None:
     missing = []
     for path, n, line in lines():
-        if path.startswith("tests/test_"):
+        if is_test_module(path):
             continue  # tests name wrong settings on purpose
         for match in SETTING.finditer(line):
             if match.group(1) not in DEFAULTS:
@@ -204,8 +205,15 @@ def test_external_names_are_not_ours(name: str) -> None:
     assert resolve(name) is None
 
 
+def is_test_module(path: str) -> bool:
+    """Whether ``path`` is a test module: ``tests/test_*.py`` or ``tests/<folder>/.../test_*.py``."""
+    return path.startswith("tests/") and path.rsplit("/", 1)[-1].startswith("test_")
+
+
 def imports_of_test_modules(path: str, source: str) -> set[tuple[int, str]]:
-    """(line, name) of each ``tests.test_*`` module that ``source``, the file at ``path``, imports.
+    """(line, name) of each test module that ``source``, the file at ``path``, imports.
+
+    A test module is ``tests.test_*`` or one in a folder, ``tests.worker.test_*``.
 
     Every spelling counts: ``import tests.test_x``, ``from tests.test_x import
     name``, ``from tests import test_x``, and relative imports, resolved
@@ -224,8 +232,16 @@ def imports_of_test_modules(path: str, source: str) -> set[tuple[int, str]]:
             continue
         for name in names:
             parts = name.split(".")
-            if len(parts) > 1 and parts[0] == "tests" and parts[1].startswith("test_"):
-                found.add((node.lineno, ".".join(parts[:2])))
+            if parts[0] != "tests":
+                continue
+            # Down the folders of tests/ to a test module; past a helper module
+            # (tests.servers), what follows are names in it.
+            for depth in range(2, len(parts) + 1):
+                if not ROOT.joinpath(*parts[: depth - 1]).is_dir():
+                    break
+                if parts[depth - 1].startswith("test_"):
+                    found.add((node.lineno, ".".join(parts[:depth])))
+                    break
     return found
 
 
@@ -239,6 +255,8 @@ def test_each_spelling_of_importing_a_test_module_is_found() -> None:
         "    from . import test_e\n"
         "from tests.servers import test_data\n"  # a name in a helper module
         "import test_f\n"  # not under tests
+        "from tests.worker.test_g import helper\n"  # a test module in a folder
+        "from tests.faults import test_h\n"
     )
     found = imports_of_test_modules("tests/test_z.py", source)
     assert sorted(found) == [
@@ -247,7 +265,14 @@ def test_each_spelling_of_importing_a_test_module_is_found() -> None:
         (3, "tests.test_c"),
         (4, "tests.test_d"),
         (6, "tests.test_e"),
+        (9, "tests.worker.test_g"),
+        (10, "tests.faults.test_h"),
     ]
+    # Relative imports resolve against the folder of the module that makes them.
+    nested = imports_of_test_modules(
+        "tests/faults/test_z.py", "from .test_i import helper\nfrom ..worker import test_j\n"
+    )
+    assert sorted(nested) == [(1, "tests.faults.test_i"), (2, "tests.worker.test_j")]
 
 
 def test_no_module_under_tests_imports_a_test_module() -> None:

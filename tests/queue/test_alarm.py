@@ -2,7 +2,7 @@
 its log lines, and where it shows (outbox_status, the metrics, the dashboard), on a real Redis.
 
 A worker process against a mail server that refuses everything is
-tests/test_failure_alarm_process.py.
+tests/worker/test_alarm.py.
 """
 
 from __future__ import annotations

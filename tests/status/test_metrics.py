@@ -221,7 +221,7 @@ def test_every_family_on_known_data(client, known_state):
     assert values["outbox_redis_up"] == {"": 1}
     assert values["outbox_workers_live"] == {"": 1}
     assert values["outbox_redis_missing"] == {"": 0}
-    # The default mailer's failure alarm, off (tests/test_failure_alarm.py turns it on).
+    # The default mailer's failure alarm, off (tests/queue/test_alarm.py turns it on).
     assert values["outbox_failure_alarm"] == {"": 0}
     assert values["outbox_failure_alarm_attempts"] == {"": 0}
     assert values["outbox_failure_alarm_failed"] == {"": 0}

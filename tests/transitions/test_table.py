@@ -35,7 +35,7 @@ BEFORE = timezone.now() - timedelta(hours=1)
 PACKAGE = ROOT / "outbox"
 
 # Every transition these rows and parameters fit; the mark and its companions'
-# (a due row, a message's rows) are compared on both paths in test_transitions_sql.py.
+# (a due row, a message's rows) are compared on both paths in tests/transitions/test_sql.py.
 ORM = [t for t in transitions.ALL if not {transitions.DUE, transitions.COMPANIONS} & set(t.guard)]
 # Enqueue pushes after its commit: real transactions.
 on_the_database = pytest.mark.django_db(transaction=True)
