@@ -1,4 +1,4 @@
-"""Running django-anymail's own backend tests through the outbox (see tests/test_anymail_backends.py).
+"""Running django-anymail's own backend tests through the outbox (see tests/upstream/test_anymail_backends.py).
 
 The tests are anymail's own, vendored unchanged in ``tests/anymail_upstream/``
 (its README says from where), and imported from there as the package

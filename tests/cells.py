@@ -11,7 +11,9 @@ the cells, run two at a time, end together and the test command stays under
 20 minutes. The 6.0:sqlite cell (Python 3.13) runs only the tests
 not marked ``slow`` (tests/run.sh passes ``-m "not slow"``). Outside
 tests/run.sh (no cell named), or with ``OUTBOX_TEST_ALL_CELLS=1``, they always
-run.
+run. A module is kept to its cells by its own ``pytestmark`` (e.g.
+tests/faults/test_pgbouncer.py), which keys on the cell and not on the module's
+path: it keeps its cells wherever it moves in the tree.
 """
 
 from __future__ import annotations

@@ -8,7 +8,6 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,12 +18,11 @@ from hypothesis import settings as hypothesis_settings
 from outbox.queue import RedisQueue
 from outbox.worker import Worker
 from tests.esp import FakeESP
+from tests.paths import ROOT
 from tests.servers import RedisServer, SMTPRecorder, subprocess_env, wait_until
 
-ROOT = Path(__file__).resolve().parent.parent
-
 # django-anymail's own tests, vendored unchanged: they run through the outbox, by
-# tests/test_anymail_backends.py, never on their own.
+# tests/upstream/test_anymail_backends.py, never on their own.
 collect_ignore = ["anymail_upstream"]
 
 # A failing example is printed with the blob that replays it (@reproduce_failure):

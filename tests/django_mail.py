@@ -1,4 +1,4 @@
-"""Running Django's own mail tests through the outbox (see tests/test_django_mail.py).
+"""Running Django's own mail tests through the outbox (see tests/upstream/test_django_mail.py).
 
 The tests are ``tests/mail/`` of the installed Django's sdist, fetched by the test
 command into ``<venv>/django-tests/<version>/mail`` (``ensure_django_mail_tests`` in
@@ -289,7 +289,7 @@ def case(
     namespace: dict[str, Any] = {
         "mail_style": style,
         "mail_aliases": tuple(upstream_mailers) or ("default",),
-        "__module__": "tests.test_django_mail",
+        "__module__": "tests.upstream.test_django_mail",
         "__doc__": f"Upstream {upstream_class.__module__}.{upstream_class.__qualname__}"
         f" through the outbox ({style}{', fidelity' if fidelity else ''}).",
     }

@@ -139,9 +139,9 @@ apt_install() {
 #               create`); the Debian package brings both, and sentinel mode too
 #   postgresql  the server binaries (tests/lib.sh start_postgres)
 #   faketime    tests that move a worker's clock
-#   postfix     tests against a real mail server's log (tests/test_postfix_real.py);
+#   postfix     tests against a real mail server's log (tests/reconcilers/test_postfix_real.py);
 #               they run a private instance of their own
-#   pgbouncer   the tests through a transaction-pooling PgBouncer (tests/test_pgbouncer.py;
+#   pgbouncer   the tests through a transaction-pooling PgBouncer (tests/faults/test_pgbouncer.py;
 #               a private instance; the host's service, if the package starts one, is left)
 #   chromium    Chromium and its driver, for the admin's browser test
 missing_packages() {
@@ -280,7 +280,7 @@ stop_started() {
 }
 
 # ensure_django_mail_tests VENV: Django's own mail tests (tests/mail/ of the sdist of
-# the Django installed in VENV), for tests/test_django_mail.py. Downloaded once with
+# the Django installed in VENV), for tests/upstream/test_django_mail.py. Downloaded once with
 # that venv's pip and kept in VENV/django-tests/<version>/mail; a no-op when there.
 # tests/mail/ imports only Django, the standard library and aiosmtpd (a test extra).
 # Unpacked into a temporary folder inside VENV and renamed into place, so that two

@@ -1,4 +1,4 @@
-"""Fault injection for the protocol model (``tests/test_protocol_model.py``).
+"""Fault injection for the protocol model (``tests/faults/test_protocol_model.py``).
 
 Every call is a real call to the real Redis or the real database; a fault only
 changes what the calling thread learns of it. At each *site* (one collaborator

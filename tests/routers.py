@@ -1,4 +1,4 @@
-"""A database router that gives the outbox a database of its own (tests/test_routing.py).
+"""A database router that gives the outbox a database of its own (tests/models/test_routing.py).
 
 The outbox's tables are written to "routed"; reads of them are sent to
 "default", as a project's router may send reads to a replica. "default" has

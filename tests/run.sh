@@ -200,7 +200,7 @@ running_cells() {
 # without_expected_skips LOG: the log with pytest's SKIPPED lines (-ra) for modules kept
 # to other cells (tests/cells.py, the chaos run) replaced by one line that counts them;
 # other skips (a missing tool, say) are kept, one line per reason with its count. XFAIL
-# lines (the listed expected failures, e.g. tests/test_anymail_backends.py) are counted
+# lines (the listed expected failures, e.g. tests/upstream/test_anymail_backends.py) are counted
 # per module; an unexpected success is a failure and is printed as one.
 without_expected_skips() {
   awk '

@@ -21,7 +21,7 @@ database names:
   where a worker subprocess delivers (see "Email" below)
 - OUTBOX_TEST_RATE_LIMITS: OUTBOX["RATE_LIMITS"] as JSON, for worker subprocesses
 - OUTBOX_TEST_POSTFIX_LOG: configure PostfixLogReconciler on that log, for worker subprocesses
-- OUTBOX_TEST_ROUTED: set ("1") for subprocesses of tests/test_routing.py: tests/routers.py
+- OUTBOX_TEST_ROUTED: set ("1") for subprocesses of tests/models/test_routing.py: tests/routers.py
   sends the outbox's tables to the second PostgreSQL database, "routed" (defined, and
   created only for the tests that ask for it, whenever OUTBOX_TEST_DB is "postgres");
   OUTBOX_TEST_ROUTED_DB_NAME is then its test database's name
@@ -34,7 +34,7 @@ database names:
 - OUTBOX_TEST_FAILURE_ALARM: OUTBOX["FAILURE_ALARM_WINDOW"], ["FAILURE_ALARM_MIN"] and
   ["FAILURE_ALARM_SHARE"] as "window,min,share"
 - OUTBOX_TEST_TIME_ZONE: USE_TZ = False and TIME_ZONE = that zone, for subprocesses
-  of tests/test_clocks.py (a zone compiled so that its clocks go back in minutes:
+  of tests/faults/test_clocks.py (a zone compiled so that its clocks go back in minutes:
   tests/zones.py)
 """
 
@@ -68,7 +68,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "outbox",
-    # The ESP event hook (tests/test_esp_events.py) is fed by anymail's own webhook view.
+    # The ESP event hook (tests/contrib/test_anymail.py) is fed by anymail's own webhook view.
     "anymail",
 ]
 MIDDLEWARE = [
@@ -81,7 +81,7 @@ MIDDLEWARE = [
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        # Email templates of tests/test_templates.py (outbox_test/...).
+        # Email templates of tests/test_rendering.py (outbox_test/...).
         "DIRS": [BASE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
@@ -118,7 +118,7 @@ if _db == "postgres":
         # Transaction pooling: a server-side cursor (QuerySet.iterator()) would
         # outlive the transaction that holds its server connection.
         DATABASES["default"]["DISABLE_SERVER_SIDE_CURSORS"] = True
-    # A project that routes the outbox to a database of its own (tests/test_routing.py).
+    # A project that routes the outbox to a database of its own (tests/models/test_routing.py).
     DATABASES["routed"] = {
         **DATABASES["default"],
         "NAME": os.environ.get("OUTBOX_TEST_ROUTED_DB_NAME") or f"{_pg_name}_routed",
@@ -138,7 +138,7 @@ else:
         }
     }
     if os.environ.get("OUTBOX_TEST_SQLITE_OPTIONS") == "startproject":
-        # Django's defaults, as startproject leaves them (tests/test_sqlite_defaults.py).
+        # Django's defaults, as startproject leaves them (tests/enqueue/test_turns.py).
         del DATABASES["default"]["OPTIONS"]
 
 CACHES = {
@@ -191,7 +191,7 @@ if os.environ.get("OUTBOX_TEST_FAILURE_ALARM"):
 # Django 5.2 with EMAIL_BACKEND and OUTBOX["EMAIL_BACKEND"]: neither warns.
 # In the pytest process Django's test runner replaces EMAIL_BACKEND (5.2), or
 # every mailer (6.1), with locmem; tests that send through the outbox backend
-# set it themselves (see tests/test_backend.py).
+# set it themselves (see tests/backends/test_outbox.py).
 _USE_MAILERS = django.VERSION >= (6, 1)
 _delivery_backend = os.environ.get(
     "OUTBOX_TEST_EMAIL_BACKEND", "django.core.mail.backends.locmem.EmailBackend"
@@ -229,10 +229,10 @@ LOGGING: dict[str, Any] = {
     "loggers": {"outbox": {"handlers": ["console"], "level": "INFO"}},
 }
 if os.environ.get("OUTBOX_TEST_SQLITE_OPTIONS") == "startproject":
-    # The runserver of tests/test_sqlite_defaults.py says why a request failed.
+    # The runserver of tests/enqueue/test_turns.py says why a request failed.
     LOGGING["loggers"]["django.request"] = {"handlers": ["console"], "level": "ERROR"}
 
-# anymail's Mailgun tracking webhook (tests/test_esp_events.py): the requests
+# anymail's Mailgun tracking webhook (tests/contrib/test_anymail.py): the requests
 # are signed with this key and carry this basic-auth secret, as Mailgun's would.
 ANYMAIL = {
     "MAILGUN_WEBHOOK_SIGNING_KEY": "tests-only-mailgun-signing-key",

@@ -7,12 +7,12 @@ from tests import views
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    # Django's password reset flow, which tests/test_backend.py sends through the outbox.
+    # Django's password reset flow, which tests/backends/test_outbox.py sends through the outbox.
     path("accounts/", include("django.contrib.auth.urls")),
-    # The Prometheus metrics (tests/test_metrics.py).
+    # The Prometheus metrics (tests/status/test_metrics.py).
     path("outbox/", include("outbox.urls")),
-    # anymail's webhooks: the ESP event hook (tests/test_esp_events.py).
+    # anymail's webhooks: the ESP event hook (tests/contrib/test_anymail.py).
     path("anymail/", include("anymail.urls")),
-    # A plain enqueue view, loaded by a runserver process (tests/test_sqlite_defaults.py).
+    # A plain enqueue view, loaded by a runserver process (tests/enqueue/test_turns.py).
     path("enqueue/", views.enqueue),
 ]

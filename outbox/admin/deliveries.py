@@ -14,7 +14,7 @@ by address or Message-ID, never a substring scan. Filtered by a status, the
 page is read from an index: the partial indexes of queued and processing rows,
 the ``(status, id, priority)`` index of failed, abandoned and cancelled ones,
 and the primary key for sent rows, nearly all of the table
-(tests/test_query_plans.py).
+(tests/admin/test_query_plans.py).
 
 """
 

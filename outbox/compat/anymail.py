@@ -13,8 +13,8 @@ worker later.
 backend implements and its ``_send`` calls with ``send_defaults``; a requests
 payload serialises itself in ``serialize_data()``. Both are anymail's backend
 API for ESP implementations (its "Adding support for an ESP" pages), not its
-user API: ``tests/test_compat.py`` fails loudly if a version changes them, and
-anymail's own backend tests run through the outbox (``tests/test_anymail_backends.py``).
+user API: ``tests/compat/test_private_uses.py`` fails loudly if a version changes them, and
+anymail's own backend tests run through the outbox (``tests/upstream/test_anymail_backends.py``).
 Nothing is sent: ``post_to_esp`` is never called.
 """
 

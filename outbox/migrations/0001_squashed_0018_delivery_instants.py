@@ -3,7 +3,7 @@
 Django applies this migration only to a database that has none of 0001 to
 0018 recorded, so it always starts from empty tables; a database migrated
 through them (every row in ``django_migrations``) has it recorded as applied
-by the next ``migrate``, which runs nothing (``tests/test_migrations.py``
+by the next ``migrate``, which runs nothing (``tests/project/test_migrations.py``
 proves both). 0001 to 0018 stay beside it for one release, so that a
 database part-way through them goes on through them; the release after
 deletes them, and this becomes a plain initial migration.

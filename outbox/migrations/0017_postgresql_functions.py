@@ -46,7 +46,7 @@ DROP_ENQUEUE_ONE = (
 # The worker's step: the success of the message in hand (step 4) and the mark
 # of the next one (step 2) with its content. Both functions are as
 # outbox/worker/functions.py rendered them from outbox/transitions/table.py when
-# this migration was written (tests/test_transitions.py compares them).
+# this migration was written (tests/transitions/test_table.py compares them).
 OUTBOX_STEP = """
 CREATE OR REPLACE FUNCTION outbox_step(
     p_settle_id bigint, p_settle_token uuid,

@@ -30,7 +30,7 @@ parse of ``SELECT * FROM outbox_step(...)`` and runs cached plans: the saving
 of prepared statements, without needing them. Measured against the same
 statements sent plainly, the functions cost PostgreSQL less than half the CPU
 per step (``tests/benchmark/results/paths-postgres.md``), so the plain forms
-were retired. ``tests/test_step.py`` runs every case of the step and
+were retired. ``tests/worker/test_step.py`` runs every case of the step and
 compares it with the worker's statements one by one.
 
 The rules every statement keeps:

@@ -29,7 +29,7 @@ worker), and the caller acts on that, never on a status it read before.
 What runs, as SQL: ``sql/postgresql.sql`` and ``sql/sqlite.sql`` hold every
 statement above for each database, PostgreSQL's function DDL included, each
 under a comment naming its transition; ``python -m outbox.transitions --write``
-writes them and ``tests/test_transitions_sql.py`` fails while they differ from
+writes them and ``tests/transitions/test_sql.py`` fails while they differ from
 what the table renders. Design note: they are written out and checked rather
 than only printed on demand, so that a change to the table or the renderer
 shows in review as a diff of the SQL it changes, next to the Python that

@@ -1,7 +1,7 @@
 """Every statement the table renders for one database, as one SQL text: ``sql/<database>.sql``.
 
 ``python -m outbox.transitions postgresql`` prints it; ``--write`` writes both
-files, which ``tests/test_transitions_sql.py`` compares with what the table
+files, which ``tests/transitions/test_sql.py`` compares with what the table
 renders now (the package docstring says why they are checked in).
 """
 
@@ -79,11 +79,11 @@ _TITLE = {"postgresql": "PostgreSQL", "sqlite": "SQLite"}
 _HEADER = """
 -- Every statement that writes a delivery's status on {database}, as rendered from
 -- outbox/transitions/table.py. Generated: do not edit. After a change to the table,
--- run `{command}` (tests/test_transitions_sql.py fails until then).
+-- run `{command}` (tests/transitions/test_sql.py fails until then).
 -- %(name)s is a parameter the caller passes by name.
 """
 _ORM = """
 Transition.apply on one row, outbox.operations.transition on many (with the caller's own
-conditions): the same SET and WHERE as the statement shown, which tests/test_transitions.py
+conditions): the same SET and WHERE as the statement shown, which tests/transitions/test_table.py
 runs beside the ORM's update to compare the rows they write.
 """

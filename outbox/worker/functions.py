@@ -11,7 +11,7 @@ Their DDL is written in :mod:`outbox.transitions.hotpath`, beside the worker's
 other statements, so that ``python -m outbox.transitions postgresql`` shows it
 with every statement the table renders; the newest migration that creates a
 function must carry what :func:`step_function` and :func:`steps_function`
-render now (``tests/test_transitions.py`` checks it).
+render now (``tests/transitions/test_table.py`` checks it).
 """
 
 from __future__ import annotations

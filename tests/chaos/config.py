@@ -156,8 +156,8 @@ class Config:
         }
 
 
-# The test suite's small run (tests/test_chaos.py): a few hundred deliveries, one or
-# two faults of each kind. tests/test_pgbouncer.py starts from it with every fault at 0.
+# The test suite's small run (tests/faults/test_chaos.py): a few hundred deliveries, one or
+# two faults of each kind. tests/faults/test_pgbouncer.py starts from it with every fault at 0.
 SMALL = {
     "deliveries": 300,
     "workers": 3,

@@ -23,9 +23,9 @@ its recipient. Then every delivery is counted:
 Run at size from pytest (it uses the cell's database and Redis)::
 
     OUTBOX_TEST_ESP_CHAOS_EMAILS=1000 OUTBOX_TEST_ALL_CELLS=1 \\
-        OUTBOX_TEST_MATRIX=5.2:postgres tests/run.sh tests/test_esp_chaos.py -s
+        OUTBOX_TEST_MATRIX=5.2:postgres tests/run.sh tests/faults/test_esp_chaos.py -s
 
-``tests/test_esp_chaos.py`` runs a small one (100 emails) in the suite.
+``tests/faults/test_esp_chaos.py`` runs a small one (100 emails) in the suite.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Start ``manage.py outbox_worker`` so that Python keeps working under libfaketime.
 
 The skewed-clock worker (faults/skew.py, and the one-clock test in
-tests/test_promise_edges.py) runs under libfaketime with
+tests/faults/test_promise_edges.py) runs under libfaketime with
 ``DONT_FAKE_MONOTONIC=1``: its wall clock is off, its monotonic clock is real.
 (With the monotonic clock faked too, Python's ``threading.Event.wait`` never
 returns: it waits with ``sem_clockwait`` on CLOCK_MONOTONIC, which libfaketime

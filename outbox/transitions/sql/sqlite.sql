@@ -1,6 +1,6 @@
 -- Every statement that writes a delivery's status on SQLite, as rendered from
 -- outbox/transitions/table.py. Generated: do not edit. After a change to the table,
--- run `python -m outbox.transitions --write` (tests/test_transitions_sql.py fails until then).
+-- run `python -m outbox.transitions --write` (tests/transitions/test_sql.py fails until then).
 -- %(name)s is a parameter the caller passes by name.
 
 -- == The worker's, run as these statements (outbox.transitions.hotpath) ==
@@ -67,7 +67,7 @@ WHERE email_id = %(email)s
 
 -- == Through the ORM's QuerySet.update() ==
 -- Transition.apply on one row, outbox.operations.transition on many (with the caller's own
--- conditions): the same SET and WHERE as the statement shown, which tests/test_transitions.py
+-- conditions): the same SET and WHERE as the statement shown, which tests/transitions/test_table.py
 -- runs beside the ORM's update to compare the rows they write.
 
 -- FAILED ("failed")

@@ -78,7 +78,7 @@ def backend_pid(conn: Any) -> int:
     """The server process of the lock's transaction.
 
     Asked in the transaction, not read from ``conn.info.backend_pid``: behind a
-    pooler (tests/test_pgbouncer.py) that is PgBouncer's own number.
+    pooler (tests/faults/test_pgbouncer.py) that is PgBouncer's own number.
     """
     with conn.cursor() as cursor:
         cursor.execute("SELECT pg_backend_pid()")

@@ -13,7 +13,7 @@ find them on the database's clock (PostgreSQL) or by their ids (SQLite), not
 by the web host's, so every row is tried within seconds. A row still untried
 after ``TRIED_WITHIN`` seconds (it would wait for the hourly full check) is a
 violation. A full check meanwhile (after a Redis wipe) could hide the bug, so
-tests/test_clocks.py checks the same thing without one.
+tests/faults/test_clocks.py checks the same thing without one.
 """
 
 from __future__ import annotations
