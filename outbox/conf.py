@@ -60,7 +60,7 @@ DEFAULTS: dict[str, Any] = {
     # Bearer token a Prometheus scrape of outbox.urls' "metrics" must present.
     # None: the endpoint answers 404 (and a system check warns if it is routed).
     "METRICS_TOKEN": None,
-    # -- sending control (outbox/queue/ratelimit.py, outbox/queue/control.py) --
+    # -- sending control (outbox.queue.ratelimit, outbox.queue.control) --
     # Sending limits shared by every worker: {"*": "14/s", "gmail.com": "20/m"}.
     # "*" is all sending together; any other key is a recipient domain (exact,
     # lower-cased). Units /s /m /h /d; sends are spaced evenly.
@@ -74,7 +74,7 @@ DEFAULTS: dict[str, Any] = {
     # cannot be created, is paused: the first pause and the cap, in seconds;
     # each refusal after a pause doubles it.
     "MAILER_PAUSE": (30.0, 600.0),
-    # -- the failure alarm (outbox/queue/alarm.py) --
+    # -- the failure alarm (outbox.queue.alarm) --
     # Seconds of the sliding window the alarm counts attempts over; also how
     # often the worker repeats its alarm line while the alarm lasts.
     "FAILURE_ALARM_WINDOW": 60.0,
@@ -82,7 +82,7 @@ DEFAULTS: dict[str, Any] = {
     # this many and this share of its attempts (failed ones included).
     "FAILURE_ALARM_MIN": 10,
     "FAILURE_ALARM_SHARE": 0.5,
-    # -- automatic settlement of abandoned rows (outbox/sweeper/reconcile.py) --
+    # -- automatic settlement of abandoned rows (outbox.sweeper.reconcile) --
     # Dotted paths of outbox.reconcilers.Reconciler classes the sweeper asks
     # about abandoned rows.
     "RECONCILERS": [],
@@ -101,13 +101,13 @@ DEFAULTS: dict[str, Any] = {
     # Templates, bulk mail, expiry and suppression.
     # A permanent 5xx refusal of a recipient at RCPT adds it to the suppression list.
     "SUPPRESS_ON_REFUSAL": True,
-    # -- a mailer per email (outbox/mail/mailers.py) --
+    # -- a mailer per email (outbox.mail.mailers) --
     # Delivery backends an email may name with enqueue_email(..., mailer=<key>)
     # when settings.MAILERS is not in use (Django < 6.1, or 6.1 not migrated):
     # {"bulk": "dotted.path.Backend"} or
     # {"bulk": {"BACKEND": "dotted.path.Backend", "OPTIONS": {...}}}.
     "BACKENDS": {},
-    # -- the staging valve (outbox/mail/valve.py) --
+    # -- the staging valve (outbox.mail.valve) --
     # Address patterns that may receive mail, shell-style and matched without
     # regard to case: ["*@example.com", "qa@shop.test"]. None: everyone.
     # Set (even to []), a copy to any other address is sent to REDIRECT_TO,
@@ -116,7 +116,7 @@ DEFAULTS: dict[str, Any] = {
     # The one address that gets the copies ALLOWED_RECIPIENTS keeps from their
     # recipients, with an X-Outbox-Original-Recipient header. None: cancel them.
     "REDIRECT_TO": None,
-    # -- secrets that do not linger (outbox/sweeper/retention.py) --
+    # -- secrets that do not linger (outbox.sweeper.retention) --
     # Seconds an email's content (texts, headers, structure, attachments) is
     # kept once all its deliveries are settled (sent, failed or cancelled);
     # then the sweeper clears it and the rows stay. None: as long as the rows.

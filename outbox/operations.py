@@ -85,9 +85,9 @@ def transition(
     the database's ``now()`` on PostgreSQL, the clock the worker's due test
     reads, and this host's clock on SQLite, which has no server clock. What
     the table writes as "the clock" (a requeued row's ``updated_at``) is the
-    database's ``now()`` on PostgreSQL whoever acts (``outbox/transitions/table.py``
+    database's ``now()`` on PostgreSQL whoever acts (:mod:`outbox.transitions.table`
     says why); the sweeper's other writes keep Redis time (an abandoned row's
-    ``updated_at`` is compared with Redis time by ``sweeper/reconcile.py``).
+    ``updated_at`` is compared with Redis time by :func:`outbox.sweeper.reconcile.reconcile`).
     """
     result = TransitionResult()
     id_list = list(dict.fromkeys(ids))
@@ -133,7 +133,7 @@ def _transition_chunk(
             # frozen worker inside its transaction): skip it, never wait on it.
             # A requeue's condition joins the email (transitions.CONTENT), whose
             # row is then locked too: the content retention takes turns with it
-            # (sweeper/retention.py).
+            # (outbox.sweeper.retention.clear_content).
             .select_for_update(skip_locked=True)
             .filter(match)
             .values(*Locked._fields)
@@ -283,16 +283,17 @@ def mark_sent(ids: Iterable[int], actor: str, evidence: str = "") -> TransitionR
     return transition(ids, transitions.MARK_SENT, actor=actor, error=evidence)
 
 
-# The actor of an ESP's tracking event (``contrib/anymail.py``): ``esp:<its name>``.
+# The actor of an ESP's tracking event (outbox.contrib.anymail.record_event): ``esp:<its name>``.
 ESP_ACTOR = "esp:"
 
 
 def esp_evidence(delivery_id: int, token: uuid.UUID) -> Attempt | None:
     """An ESP's event kept for the attempt under ``token``, if one came.
 
-    The ESP's word that it has the message (``contrib/anymail.py``): whoever
+    The ESP's word that it has the message (:func:`outbox.contrib.anymail.record_event`): whoever
     decides that attempt's outcome settles it ``sent`` from this, never a
-    retry (``worker/outcomes.py``, ``sweeper/sweep.py``).
+    retry (:func:`outbox.worker.outcomes.settle_from_evidence`,
+    ``outbox.sweeper.sweep.Sweeper``).
     """
     return (
         Attempt.objects.filter(

@@ -85,7 +85,7 @@ def suppressed(using: str, addresses: Sequence[str]) -> dict[str, str]:
 
 
 def _why(address: str, reason: str, source: str) -> str:
-    # The same text as the PostgreSQL INSERT of outbox/statements/postgresql.py writes.
+    # The same text as PostgreSQL's INSERT behind outbox.statements.postgresql.ENQUEUE_CALL.
     text = f"suppressed: {address} is on the suppression list ({source})"
     return (f"{text}: {reason}" if reason else text)[:2000]
 

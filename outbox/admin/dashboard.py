@@ -8,7 +8,7 @@ needs a person (the abandoned rows, linked to the filtered delivery list) and
 whether Redis agrees with the database; and the sending control: the pause
 switches with Pause/Resume buttons, and the rate limits' use
 (:mod:`outbox.admin.control_panel`). A mailer whose failure alarm is on
-(``outbox/queue/alarm.py``) is a red note at the top, with its counts and the
+(:mod:`outbox.queue.alarm`) is a red note at the top, with its counts and the
 most frequent cause of its failures.
 
 The numbers are those of :func:`outbox.status.collect` (what ``manage.py
@@ -248,7 +248,7 @@ def dashboard_context(
         "redis_error": redis_part["error"],
         "agreement": _agreement_context(snapshot["agreement"]),
         "compare_limit": status.COMPARE_LIMIT,
-        # The staging valve, shown first while it is on (outbox/mail/valve.py).
+        # The staging valve, shown first while it is on (outbox.mail.valve.state).
         "valve": snapshot["valve"],
     }
     if database["ok"]:

@@ -8,7 +8,7 @@ password-reset link or a login code: its page shows it only to a user with
 the permission ``outbox.view_email_content`` besides the view permission, and
 nobody filters the list by it without that permission (Django's admin would
 otherwise let ``?body__contains=...`` guess a token). Lists and the dashboard
-never show content. Once the sweeper has cleared it (``sweeper/retention.py``)
+never show content. Once the sweeper has cleared it (:func:`outbox.sweeper.retention.clear_content`)
 the page says when.
 """
 

@@ -4,8 +4,8 @@ anymail reads an ESP's settings (``POSTMARK_SERVER_TOKEN``, ``MAILGUN_API_KEY``,
 ...) when its backend is created, and raises ``AnymailConfigurationError`` (an
 ``ImproperlyConfigured``) naming the one missing. The check creates each such
 backend the worker may deliver through (the default target and every mailer an
-email may name) the way the worker does (``mail/mailers.py``,
-``get_connection``), and reports that error. Creating an anymail backend
+email may name) the way the worker does
+(:func:`outbox.mail.mailers.get_connection`), and reports that error. Creating an anymail backend
 reads settings only: its HTTP session (or boto3 client) is made by ``open()``,
 which the check never calls, so nothing goes over the network. Other backends
 are not created here (an SMTP backend is checked by its first connection).

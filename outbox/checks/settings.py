@@ -160,8 +160,9 @@ _NUMBERS = (
 
 
 def _check_numbers() -> list[CheckMessage]:
-    # The readers of conf.py refuse what they would otherwise coerce (2.5, "5",
-    # True): the check reports their own refusal, so the two cannot disagree.
+    # The readers of outbox.conf (outbox.conf.integer, outbox.conf.number) refuse
+    # what they would otherwise coerce (2.5, "5", True): the check reports their
+    # own refusal, so the two cannot disagree.
     wrong: list[CheckMessage] = []
     for name in _NUMBERS:
         try:
@@ -198,7 +199,7 @@ def _check_numbers() -> list[CheckMessage]:
 
 
 def _failure_alarm_problems() -> list[str]:
-    """The failure alarm's rule (``outbox/queue/alarm.py``): a window, a minimum, a share."""
+    """The failure alarm's rule (:class:`outbox.queue.alarm.Rule`): a window, a minimum, a share."""
     problems = []
     if not 1 <= outbox_settings.FAILURE_ALARM_WINDOW <= 86400:
         problems.append("FAILURE_ALARM_WINDOW must be from 1 to 86400 seconds")

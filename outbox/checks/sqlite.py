@@ -3,7 +3,7 @@
 SQLite has one writer at a time. With ``startproject``'s settings Django
 begins every transaction DEFERRED and waits 5 s for a lock. The outbox's own
 enqueue transactions take their turn and the write lock at once
-(``outbox/enqueue/turns.py``, ``write_transaction``), but the project's other
+(:func:`outbox.enqueue.turns.write_transaction`), but the project's other
 transactions, and an enqueue inside one of them, still meet the worker's
 writes: one that read before it writes fails at once with "database is
 locked", and one that waits longer than the timeout fails too. The two

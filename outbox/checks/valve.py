@@ -1,4 +1,4 @@
-"""Checks of the staging valve: ``ALLOWED_RECIPIENTS`` and ``REDIRECT_TO`` (``mail/valve.py``)."""
+"""Checks of the staging valve (``outbox.mail.valve``): ``ALLOWED_RECIPIENTS``, ``REDIRECT_TO``."""
 
 from __future__ import annotations
 

@@ -3,7 +3,7 @@
 When django-anymail is installed, :meth:`outbox.apps.OutboxConfig.ready`
 connects :func:`record_event`. An event is matched to a delivery by, in
 order: the delivery's identity in the event's metadata (id and claim token,
-which every copy sent through an anymail backend carries: ``mail/esp.py``;
+which every copy sent through an anymail backend carries: :func:`outbox.mail.esp.identify`;
 for a message sent in one request, the event's recipient picks its row among
 those of the same attempt),
 the ESP's own message id recorded on an attempt, or the RFC Message-ID. Then:
@@ -145,7 +145,8 @@ def _keep_for_the_attempt(
     the ESP took it): the event is written at once as the attempt's evidence
     (an Attempt row under the attempt's claim token), and the worker or the
     sweeper that decides the attempt's outcome settles it ``sent`` from it
-    (``worker/outcomes.py``, ``evidence_for``; ``sweeper/sweep.py``). The row
+    (:func:`outbox.worker.outcomes.settle_from_evidence`;
+    ``outbox.sweeper.sweep.Sweeper._settle_from_evidence``). The row
     is locked first, so that the decision sees the evidence or happened before
     it; one decided meanwhile (in doubt) is settled here. Returns False when
     the row left the attempt's hands (the caller goes on as before).
@@ -170,7 +171,7 @@ def _recipients_row(delivery: Delivery, ours: Q, event: Any) -> Delivery:
     """The row of the event's recipient among those sent in ``delivery``'s request.
 
     A message's rows go to an ESP in one request under one claim token, and
-    its metadata names the first of them (``mail/esp.py``): the event's
+    its metadata names the first of them (:func:`outbox.mail.esp.identify`): the event's
     recipient picks its own row, of the same email and attempt.
     """
     recipient = str(getattr(event, "recipient", None) or "")

@@ -112,7 +112,7 @@ def _write_chunk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
 def _write_bulk(chunk: Sequence[Prepared], using: str) -> list[list[Delivery]]:
     """One suppression query and one insert (two on SQLite) for the whole chunk.
 
-    A recipient suppressed, or stopped by the staging valve (``mail/valve.py``),
+    A recipient suppressed, or stopped by the staging valve (:mod:`outbox.mail.valve`),
     is written ``cancelled`` with its reason in ``why``.
     """
     now = timezone.now()

@@ -57,10 +57,10 @@ class Prepared:
     max_attempts: int = 5
     expires_at: datetime | None = None
     mailer: str = ""  # "": the worker's default delivery target
-    # From the drop-in backend: see outbox/mail/structure.py.
+    # From the drop-in backend: see outbox.mail.structure.describe.
     structure: dict[str, Any] | None = None
     message_id: str | None = None  # the sender's own Message-ID header
-    # Content cleared as soon as every delivery is settled (enqueue/sensitive.py).
+    # Content cleared as soon as every delivery is settled (outbox.enqueue.sensitive).
     sensitive: bool = False
 
 
@@ -190,7 +190,7 @@ def _check_expires_at(expires_at: Any, send_at: datetime | None) -> None:
 
 
 def check_mailer(mailer: Any) -> str:
-    """A mailer an email may name (see ``outbox/mail/mailers.py``), or "" for the default.
+    """A mailer an email may name (see :mod:`outbox.mail.mailers`), or "" for the default.
 
     Checked against this host's settings, before anything is written: an
     unknown name, or one that is the outbox itself, would never be sent.

@@ -1,7 +1,7 @@
 """An enqueue's transaction, and on SQLite its turn for the one writer.
 
 ``enqueue_email`` and ``enqueue_many`` open their transaction here
-(:func:`write_transaction`); the writes inside it are ``sql.py``'s.
+(:func:`write_transaction`); the writes inside it are :mod:`outbox.enqueue.sql`'s.
 """
 
 from __future__ import annotations

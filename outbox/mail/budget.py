@@ -4,9 +4,10 @@ Each call of the backend gets a deadline; every wait on the server inside it
 (connect, TLS handshake, each read of a reply, each write) gets the time that
 is left as its socket timeout. Past the deadline a read or write fails as a
 socket timeout does there, so it is classified the same way: before the final
-dot a retryable failure, after it a message in doubt (``watch_handover`` in
-``mail/handover.py``). The connection that asks it is ``HandoverSMTP``
-(``mail/connection.py``); the backend that sets it, ``mail/bounded.py``.
+dot a retryable failure, after it a message in doubt
+(:func:`~outbox.mail.handover.watch_handover`). The connection that asks it is
+:class:`~outbox.mail.connection.HandoverSMTP`; the backend that sets it,
+:func:`~outbox.mail.bounded.bounded_backend_class`.
 """
 
 from __future__ import annotations

@@ -85,7 +85,7 @@ class HandoverSMTP(smtplib.SMTP):
     the hand-over and ask the fence.
     """
 
-    # Set by watch_handover() (mail/handover.py): where data() is, and the fence.
+    # Set by handover.watch_handover(): where data() is, and the fence.
     outbox_handover: HandoverState | None = None
     # The text of the server's 220 greeting, kept by connect() (handover_server).
     outbox_greeting: bytes | None = None

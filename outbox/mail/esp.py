@@ -9,7 +9,7 @@ address::
     {"outbox_delivery": "1234", "outbox_token": "<uuid hex>"}
 
 A webhook event that carries them names one attempt of one row
-(``outbox/contrib/anymail.py``), even when the request's answer was lost and
+(:func:`outbox.contrib.anymail.record_event`), even when the request's answer was lost and
 the ESP's own message id was never learned. When the answer came, that id
 (``message.anymail_status.message_id``) is recorded on the attempt.
 

@@ -32,7 +32,7 @@ class name and status code, so neither library is imported
   could not be read): AMBIGUOUS, settled like a cut after DATA;
 - 429 and 503: TRANSIENT, and ``Retry-After`` is honoured
   (:attr:`HttpFailure.retry_after`: the row's next attempt is not earlier,
-  and the worker holds all sending that long, ``worker/gate.py``);
+  and the worker holds all sending that long, :meth:`outbox.worker.gate.Gate.on_send_error`);
 - a refusal of the message or of every recipient
   (``AnymailRecipientsRefused``; 400/413/422 by the ESP's own codes, table
   :data:`PERMANENT_REFUSALS`): PERMANENT, and the refused addresses go on
@@ -51,7 +51,7 @@ setting such as ``POSTMARK_SERVER_TOKEN`` is missing; not
 ``UnknownMailerError``, a mailer this host's settings lack). Not this message's
 fault, and no message of that mailer can go until someone fixes it: the
 worker releases the row (not an attempt) and pauses the mailer
-(``worker/gate.py``), instead of retrying the row into ``failed``.
+(:meth:`outbox.worker.gate.Gate.pause_mailer`), instead of retrying the row into ``failed``.
 """
 
 from __future__ import annotations
@@ -431,7 +431,7 @@ def _boto_code(exc: BaseException) -> str | None:
     return None
 
 
-# -- the cause, for the failure alarm (outbox/queue/alarm.py) --------------------------
+# -- the cause, for the failure alarm (outbox.queue.alarm) ----------------------------
 
 # An address, bare or in angle brackets (an SMTP reply names the sender or the recipient).
 _ADDRESS = re.compile(r"<?[^\s<>@'\"(),;]+@[^\s<>'\"(),;]+?>?(?=[\s'\"(),;:]|$)")

@@ -8,7 +8,7 @@ message, and resending it could deliver it twice. The worker calls it after
 every successful ``backend.open()``; it is re-exported as
 ``outbox.backends.watch_handover``, its documented home. The connection it
 watches is :class:`~outbox.mail.connection.HandoverSMTP`, which the outbox's
-backend classes (``mail/bounded.py``) give Django's SMTP backend.
+backend classes (:func:`~outbox.mail.bounded.bounded_backend_class`) give Django's SMTP backend.
 
 :func:`handover_server` says where a connection hands its messages over:
 the server's greeting host name and the peer address. A pool of relays

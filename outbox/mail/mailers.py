@@ -19,7 +19,7 @@ retry of each, goes through it. A blank name is the worker's default target
 :class:`~outbox.backends.OutboxBackend` (the worker would deliver into the
 outbox itself: on 6.1 the ``"default"`` mailer usually is), is a
 ``ValidationError`` on ``mailer`` before anything is written
-(:func:`is_delivery_mailer`, called from ``outbox/enqueue/prepare.py``).
+(:func:`is_delivery_mailer`, called from :func:`outbox.enqueue.prepare.check_mailer`).
 
 **Resolved again when sending.** The worker reads its own settings when it
 opens a mailer's connection (:func:`get_connection`). A name the worker's
@@ -29,16 +29,16 @@ with backoff, then ``failed``, with the reason in the attempt log
 same mail settings to the hosts that enqueue and the hosts that send. A
 backend that is configured but cannot be created (a missing setting:
 ``ImproperlyConfigured``) burns no attempt: its mailer is paused
-(``worker/gate.py``).
+(:meth:`outbox.worker.gate.Gate.pause_mailer`).
 
 **Connections.** Each sender thread holds one connection per mailer it has
-used (``outbox/worker/connections.py``): opened on first use, each with
+used (:class:`outbox.worker.connections.Connections`): opened on first use, each with
 ``SEND_TIMEOUT`` applied (to each whole send, on Django's SMTP backend) and
 the SMTP hand-over watched after every open,
 and closed on the same occasions as the default one.
 
 **Rate limits** may be keyed by mailer, ``"mailer:bulk": "10/s"``
-(``outbox/queue/ratelimit.py``).
+(:mod:`outbox.queue.ratelimit`).
 """
 
 from __future__ import annotations

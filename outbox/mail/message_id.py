@@ -36,7 +36,7 @@ def make_message_id(domain: str) -> str:
     half full, and on a table of millions of rows every insert reads a page
     nobody else wanted and, after each checkpoint, writes a full-page image
     of it to the WAL. The host's clock only orders the ids; nothing decides
-    anything by it (see ``outbox/queue/clock.py``), so a host whose clock is off
+    anything by it (see :class:`outbox.queue.clock.RedisClock`), so a host whose clock is off
     merely inserts elsewhere in the index. The time it shows is the enqueue
     time, which the message's Date header tells the recipient anyway.
     """

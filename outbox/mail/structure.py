@@ -24,7 +24,7 @@ columns, files and MIME parts as ``Attachment`` rows in order, and the rest in
                       :data:`ANYMAIL_ATTRIBUTES` stores each (version 2 on)
 ====================  ===========================================================
 
-Once the sweeper has cleared an email's content (``sweeper/retention.py``) its
+Once the sweeper has cleared an email's content (:func:`outbox.sweeper.retention.clear_content`) its
 structure is :data:`CLEARED`, whoever wrote it, and nothing can be built from
 it: :func:`refuse_cleared` fails the row for good instead of sending an empty
 message (only a requeue racing the clearing can bring such a row back).
@@ -293,7 +293,7 @@ def _not_json(name: str, value: Any) -> Exception:
 
 
 def _store_metadata(name: str, value: Any) -> Any:
-    """As JSON, without the outbox's own keys (``outbox/mail/esp.py`` adds them per row)."""
+    """As JSON, without the outbox's own keys (:func:`.esp.identify` adds them per row)."""
     stored = _store_json(name, value)
     records = (
         [stored] if name == "metadata" else stored.values() if isinstance(stored, dict) else ()

@@ -12,7 +12,7 @@ default) lets everyone through; ``[]`` lets nobody through.
 
 **The guarantee, and the one place that gives it: :func:`admit`.** The worker
 calls it on every built copy, right before it hands the copy to a delivery
-backend (``Sender.send`` in ``outbox/worker/attempt.py``, the only place
+backend (``outbox.worker.attempt.Sender.send``, the only place
 mail leaves the outbox). While the valve is on, no copy reaches a backend with
 an envelope address that matches no pattern, other than ``REDIRECT_TO``:
 whichever path wrote the row (``enqueue_email``, the drop-in backend,

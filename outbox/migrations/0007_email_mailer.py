@@ -1,4 +1,4 @@
-# Email.mailer: the delivery backend of each email (outbox/mailers.py).
+# Email.mailer: the delivery backend of each email (outbox.mail.mailers).
 #
 # No rewrite of outbox_email: on PostgreSQL a column with a constant default is
 # added to the catalog only. The default stays in the database (db_default), so

@@ -1,6 +1,6 @@
 """What a message from the drop-in backend needs to be built exactly as Django would.
 
-``Email.structure`` and ``Attachment.mime_part`` (see outbox/mail/structure.py).
+``Email.structure`` and ``Attachment.mime_part`` (see outbox.mail.structure.describe).
 It also replaced, on PostgreSQL, the worker's step function by the version that
 returns the structure; the functions are now created by migration 0017 alone.
 """

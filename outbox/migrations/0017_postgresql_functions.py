@@ -1,7 +1,7 @@
 """The PL/pgSQL functions of PostgreSQL's hot path, created by this migration alone.
 
 On PostgreSQL the worker's step and ``enqueue_email``'s insert always call
-these functions (``outbox/statements/postgresql.py`` says why, and
+these functions (:mod:`outbox.statements.postgresql` says why, and
 ``tests/benchmark/results/paths-postgres.md`` has the measurement). Earlier
 migrations created earlier versions of them, only while a setting allowed it
 (retired with the plain statements); their function operations are gone, so
@@ -45,7 +45,7 @@ DROP_ENQUEUE_ONE = (
 
 # The worker's step: the success of the message in hand (step 4) and the mark
 # of the next one (step 2) with its content. Both functions are as
-# outbox/worker/functions.py rendered them from outbox/transitions/table.py when
+# outbox.transitions.hotpath.step_function rendered them from outbox.transitions.table when
 # this migration was written (tests/transitions/test_table.py compares them).
 OUTBOX_STEP = """
 CREATE OR REPLACE FUNCTION outbox_step(
@@ -109,8 +109,8 @@ $$
 """
 
 # Several threads' steps (the worker's group commit) as two set-based UPDATEs;
-# why each step's row is what it would be alone: outbox/worker/functions.py,
-# steps_function.
+# why each step's row is what it would be alone:
+# outbox.transitions.hotpath.steps_function.
 OUTBOX_STEPS = """
 CREATE OR REPLACE FUNCTION outbox_steps(
     p_settle_ids bigint[], p_settle_tokens uuid[],
@@ -181,7 +181,7 @@ $$
 # enqueue_email's insert: the email (its structure too) and one delivery per
 # recipient, each looked up in the suppression list by its normalised address
 # (p_bare, written as recipient_key); a suppressed one is written cancelled,
-# with the text outbox/suppression.py writes elsewhere.
+# with the text outbox.suppression.suppressed gives elsewhere.
 OUTBOX_ENQUEUE = """
 CREATE OR REPLACE FUNCTION outbox_enqueue(
     p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,
@@ -220,8 +220,8 @@ $$
 
 # OUTBOX_ENQUEUE for one recipient, row for row (the suppression text too).
 # Returns {delivery id, email id, why it is suppressed or ""}: one array, so
-# that the call is a plain scalar call (see ENQUEUE_ONE_CALL in
-# outbox/statements/postgresql.py).
+# that the call is a plain scalar call (see
+# outbox.statements.postgresql.ENQUEUE_ONE_CALL).
 OUTBOX_ENQUEUE_ONE = """
 CREATE OR REPLACE FUNCTION outbox_enqueue_one(
     p_subject text, p_body text, p_html text, p_from varchar, p_reply_to jsonb,

@@ -1,6 +1,6 @@
 """``not_before`` and ``expires_at`` become instants: stored in UTC whatever ``USE_TZ`` says.
 
-The columns do not change (``outbox/models/instants.py``): on PostgreSQL they
+The columns do not change (``outbox.models.InstantField``): on PostgreSQL they
 are ``timestamptz`` and already hold instants, and with ``USE_TZ = True``
 every database already stores UTC. Only SQLite without ``USE_TZ`` held them
 naive in ``TIME_ZONE``: those values are rewritten in UTC, each meaning what

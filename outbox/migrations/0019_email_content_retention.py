@@ -1,4 +1,4 @@
-"""Secrets that do not linger: an email's content is cleared once settled (``sweeper/retention.py``).
+"""Secrets that do not linger: an email's content is cleared when settled (outbox.sweeper.retention).
 
 ``Email.sensitive`` (with a database default, for a previous release's
 inserts during a rolling upgrade), ``Email.content_cleared_at``, the

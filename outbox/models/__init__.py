@@ -10,14 +10,15 @@ happens next; no code reads a row, changes it in Python and saves it back.
 
 One module per concern, each importing only those above it in this list:
 
-- ``limits.py``: column widths several tables share;
-- ``routing.py``: ``outbox_alias`` (the database of every row) and ``OutboxManager``;
-- ``instants.py``: ``InstantField`` (times stored in UTC whatever ``USE_TZ`` says), ``instant``;
-- ``emails.py``: ``Email`` and ``Attachment``;
-- ``deliveries.py``: ``Delivery`` and ``DeliveryQuerySet``;
-- ``attempts.py``: ``Attempt``;
-- ``templates.py``: ``EmailTemplate``;
-- ``suppression.py``: ``Suppression``.
+- ``limits``: column widths several tables share;
+- ``routing``: ``routing.outbox_alias`` (the database of every row) and ``routing.OutboxManager``;
+- ``instants``: ``instants.InstantField`` (times stored in UTC whatever ``USE_TZ`` says),
+  ``instants.instant``;
+- ``emails``: ``emails.Email`` and ``emails.Attachment``;
+- ``deliveries``: ``deliveries.Delivery`` and ``deliveries.DeliveryQuerySet``;
+- ``attempts``: ``attempts.Attempt``;
+- ``templates``: ``templates.EmailTemplate``;
+- ``suppression``: ``suppression.Suppression``.
 
 Import from ``outbox.models``: the modules beneath it may move.
 """

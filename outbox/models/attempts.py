@@ -85,7 +85,7 @@ class Attempt(models.Model):
         ordering = ["delivery_id", "id"]
         indexes = [
             models.Index(fields=["delivery", "claim_token"], name="outbox_attempt_claim"),
-            # An ESP's webhook names its own message id (outbox/contrib/anymail.py).
+            # An ESP's webhook names its own message id (outbox.contrib.anymail.find_delivery).
             models.Index(
                 fields=["esp_message_id"],
                 name="outbox_attempt_esp_id",

@@ -86,7 +86,7 @@ class Delivery(models.Model):
     )
     attempts = models.PositiveIntegerField(_("attempts"), default=0)
     max_attempts = models.PositiveIntegerField(_("max attempts"), default=5)
-    # Instants (instants.py): compared with a clock on every re-read, stored in UTC.
+    # Instants (instants.InstantField): compared with a clock on every re-read, stored in UTC.
     not_before = InstantField(_("not before"), default=timezone.now)
     worker_id = models.CharField(
         _("worker"), max_length=WORKER_ID_MAX_LENGTH, blank=True, default=""
@@ -94,9 +94,10 @@ class Delivery(models.Model):
     claim_token = models.UUIDField(_("claim token"), null=True, blank=True)
     processing_started_at = models.DateTimeField(_("processing started"), null=True, blank=True)
     sent_at = models.DateTimeField(_("sent"), null=True, blank=True)
-    # The server the latest attempt handed the message to (outbox/mail/handover.py,
-    # handover_server), written before SMTP's final dot while OUTBOX["RECONCILERS"]
-    # is set: a reconciler may rule a handover out only from that server's log.
+    # The server the latest attempt handed the message to
+    # (outbox.mail.handover.handover_server), written before SMTP's final dot
+    # while OUTBOX["RECONCILERS"] is set: a reconciler may rule a handover out
+    # only from that server's log.
     server_host = models.CharField(
         _("server"), max_length=SERVER_HOST_MAX_LENGTH, blank=True, default="", db_default=""
     )
@@ -131,7 +132,7 @@ class Delivery(models.Model):
             models.UniqueConstraint(fields=["message_id"], name="outbox_delivery_message_id_uniq"),
             # A retry with the same key names the same person however it
             # writes the address ("Bob <bob@example.com>", "BOB@Example.com"):
-            # ON CONFLICT DO NOTHING at enqueue leans on this (enqueue/api.py).
+            # ON CONFLICT DO NOTHING at enqueue leans on this (outbox.enqueue.api.write_one).
             # Rows without a recipient_key (a previous release's, during an
             # upgrade) stay out of it.
             models.UniqueConstraint(

@@ -4,7 +4,7 @@ The content (the texts, the headers, the structure and the attachments' bytes)
 does not stay as long as the row: once every delivery of an email is settled
 (``sent``, ``failed`` or ``cancelled``), the sweeper clears it after
 ``OUTBOX["CONTENT_RETENTION"]``, or at its next pass for a ``sensitive`` email
-(``outbox/sweeper/retention.py``). The row keeps its subject, sender and
+(:func:`outbox.sweeper.retention.clear_content`). The row keeps its subject, sender and
 deliveries, with their recipients, statuses, Message-IDs and attempts.
 """
 
@@ -31,7 +31,7 @@ class Email(models.Model):
     created_at = models.DateTimeField(_("created"), default=timezone.now, editable=False)
     # The delivery backend of every delivery of this email: an alias of MAILERS
     # (Django 6.1) or a key of OUTBOX["BACKENDS"]; blank is the worker's default
-    # (see outbox/mail/mailers.py). The database default serves raw INSERTs that
+    # (see outbox.mail.mailers). The database default serves raw INSERTs that
     # predate the column.
     mailer = models.CharField(
         _("mailer"),
@@ -44,7 +44,7 @@ class Email(models.Model):
 
     # A message from the drop-in backend: what Django's ``message()`` needs,
     # beyond the columns above, to build the message exactly as Django would
-    # (see outbox/mail/structure.py). NULL for ``enqueue_email`` and for rows
+    # (see outbox.mail.structure.describe). NULL for ``enqueue_email`` and for rows
     # written before the column existed: those are built from the columns.
     structure = models.JSONField(
         _("message structure"), null=True, blank=True, default=None, editable=False
@@ -65,7 +65,7 @@ class Email(models.Model):
         verbose_name_plural = _("emails")
         permissions = [
             # View permission on emails shows their subjects and deliveries; the
-            # bodies, headers and attachments need this one as well (admin/emails.py).
+            # bodies, headers and attachments need this one too (outbox.admin.emails.EmailAdmin).
             ("view_email_content", _("Can view the content of emails")),
         ]
         indexes = [

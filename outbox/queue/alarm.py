@@ -12,9 +12,9 @@ below the share, a quiet site's one bounce below the minimum.
 What counts: an attempt is a hand-over that ended sent, retried, failed or in
 doubt (the last three are failures); a row released or held unsent is not (a
 mailer whose ESP refused its credential is paused instead,
-``control.py``, ``refuse``, and shown as such). A failure carries its *cause*,
-one short line that failures alike share (``mail/failures.py``,
-``cause_of``: the error's class and the server's code and text, addresses
+:func:`~outbox.queue.control.refuse`, and shown as such). A failure carries its *cause*,
+one short line that failures alike share (:func:`outbox.mail.failures.cause_of`:
+the error's class and the server's code and text, addresses
 removed); the alarm names the most frequent cause of the window.
 
 **Where.** ``{p}:alarm`` holds the tallies in buckets of ``window / 60``
@@ -28,8 +28,8 @@ read the same sums (:func:`read`) and judge them with their own settings: an
 alarm shows there within a second of the failure that set it off, and is gone
 once the window holds too few failures, whether or not a worker has said so.
 
-**Cost.** A worker counts in memory (``worker/alarm.py``) and sends its tallies
-at most once a second, plus at once after a failure while it knows of no alarm
+**Cost.** A worker counts in memory (:class:`~outbox.worker.alarm.FailureAlarm`) and sends
+its tallies at most once a second, plus at once after a failure while it knows of no alarm
 for that mailer (so the alarm starts on the failure that sets it off): no
 round trip per successful send, and none per failure while the alarm is on.
 Each call reads the window's fields (about 60 buckets, per mailer an attempts

@@ -15,7 +15,7 @@ whose own clock is minutes off neither looks dead nor sends late:
 - times a web host writes (an enqueue, an operator's action) are the
   database's ``now()`` on PostgreSQL, and so is ``updated_at`` of a row the
   sweeper makes ``queued``: the sweeper's incremental mirror check
-  compares ``updated_at`` with the database's clock (``sweeper/mirror.py``
+  compares ``updated_at`` with the database's clock (:class:`outbox.sweeper.mirror.Mirror`
   says why that clock, and what stands for it on SQLite).
 
 Redis and the database are servers whose clocks an operator keeps in step

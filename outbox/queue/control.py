@@ -29,7 +29,7 @@ while connecting is about the server as a whole, and holds every domain
 
 **A mailer paused by its ESP** (``refused:<mailer>``, :func:`refuse`): an
 ESP that answered 401 or 403, or a backend that cannot be created
-(``mail/failures.py``, ``configuration_refused``), pauses that one mailer
+(:func:`outbox.mail.failures.configuration_refused`), pauses that one mailer
 (``""``: the default one) for ``MAILER_PAUSE`` seconds, twice as long after
 each refusal in a row, up to its cap. Its rows are held like a slowed
 domain's, until the pause ends; then the next send tries the credential
@@ -329,7 +329,8 @@ def hold_until(current: ControlState, domain: str, now: float, mailer: str = "")
 
     ``mailer`` is the row's email's mailer alias: an ESP that answered 429 or
     503 with ``Retry-After`` slows its mailer (``"mailer:<alias>"``), or all
-    sending (``"*"``) when it is the default delivery backend (``worker/gate.py``);
+    sending (``"*"``) when it is the default delivery backend
+    (:meth:`outbox.worker.gate.Gate.on_send_error`);
     one that refused the mailer's credential pauses that mailer alone.
     """
     if domain in current.paused_domains:

@@ -48,7 +48,7 @@ class ClaimResult(NamedTuple):
     now: float  # Redis time, epoch seconds
     registered: bool  # False: this incarnation was declared dead; claim nothing more
     items: list[Claimed]
-    # The operator's control hash as the claim saw it (outbox/queue/control.py);
+    # The operator's control hash as the claim saw it (read by control.parse);
     # None when not registered. While it says "paused", items is empty.
     control: dict[str, str] | None = None
     # When nothing was claimed: the earliest scheduled id's due time (Redis

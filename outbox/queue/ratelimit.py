@@ -9,7 +9,7 @@ compared lower-cased and exactly (``gmail.com`` does not cover
 ``mail.gmail.com``: a limit is what one receiving service allows, and a
 subdomain is usually another service), or ``"mailer:<alias>"``: the emails
 that name that mailer (``enqueue_email(..., mailer=...)``, see
-``outbox/mail/mailers.py``; the alias is compared exactly, as MAILERS compares
+:mod:`outbox.mail.mailers`; the alias is compared exactly, as MAILERS compares
 it). Units are ``/s``, ``/m``, ``/h`` and ``/d``.
 
 **How a limit is held.** Each limit is a GCRA bucket with no burst, in Redis,
@@ -34,7 +34,7 @@ a reservation nobody claims is dropped an hour after it).
 
 **Where it is checked, and why there.** Redis holds only ids, so the recipient
 is known only once the worker's claim UPDATE has returned the row. The check
-therefore runs right after that UPDATE (``worker/gate.py``). A refused row is
+therefore runs right after that UPDATE (:meth:`outbox.worker.gate.Gate.holds`). A refused row is
 held: ONE conditional UPDATE (``status='queued'``, ``attempts``
 restored, ``not_before`` = its slot, ``WHERE status='processing' AND
 claim_token=<ours>``) and its id goes to ``scheduled`` for that moment. It is

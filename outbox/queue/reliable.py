@@ -1,7 +1,7 @@
 """The Redis mirror of the outbox: a reliable queue of delivery ids.
 
 Only row ids go into Redis; the database row is the truth and Redis is a fast,
-lossy accelerator that can always be rebuilt from it (see ``sweeper/mirror.py``).
+lossy accelerator that can always be rebuilt from it (see :class:`outbox.sweeper.mirror.Mirror`).
 
 Keys, all sharing the hash tag ``{<KEY_PREFIX>}`` so that multi-key commands
 and scripts stay legal on Redis Cluster:
@@ -27,18 +27,18 @@ and scripts stay legal on Redis Cluster:
                                processing list at the last pass -> since when
 ``{p}:control``                hash: the operator's pause switches, the domains
                                slowed down by their servers and the mailers
-                               paused by their ESP's refusal (``control.py``)
+                               paused by their ESP's refusal (``control.ControlState``)
 ``{p}:rate:<key>``, ``{p}:rate-held:<key>``
                                one rate limit's bucket and the ids holding its
-                               reserved slots (``ratelimit.py``)
+                               reserved slots (``ratelimit.take``)
 ``{p}:reconcile-asked``        sorted set: abandoned rows the reconcilers could not
-                               settle, score = when asked (see ``reconcile.py``)
+                               settle, score = when asked (``outbox.sweeper.reconcile``)
 ``{p}:sent-total``             hash: the metrics' checkpoint of the sent count
-                               (``counters.py``; never written by a worker)
+                               (``outbox.status.counters``; never written by a worker)
 ``{p}:alarm``, ``{p}:alarm-state``
                                the failure alarm: attempts and failures per mailer
                                in buckets of the last window, and the mailers whose
-                               alarm is on (``alarm.py``)
+                               alarm is on (``alarm.add``)
 
 The rules every script keeps:
 

@@ -7,7 +7,7 @@ settings are fixed (read once per process), but its host name may stand for
 a pool of relays (several A records, a load balancer, a Kubernetes Service):
 each new connection may reach another server. So each row names the server
 its attempt was handing it to (``Delivery.server_host``/``server_address``,
-written before SMTP's final dot: ``worker/sql.py``, ``note_server``), and
+written before SMTP's final dot: ``outbox.worker.sql.note_server``), and
 only the incarnation's other rows that went through the same mailer *to that
 same server* count. A log that shows some of them is that server's log; one
 that shows none of them, or a worker that handed nothing else to that

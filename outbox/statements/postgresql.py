@@ -18,8 +18,8 @@ What is here, in the order an email meets it:
   their DDL (a new database: its copy in the squashed migration,
   ``outbox/migrations/0001_squashed_0018_delivery_instants.py``).
 
-The code that runs them is in ``outbox/worker/sql.py`` and
-``outbox/enqueue/sql.py``; SQLite's hot path is ``sqlite.py`` next to this.
+The code that runs them is in :mod:`outbox.worker.sql` and
+:mod:`outbox.enqueue.sql`; SQLite's hot path is :mod:`outbox.statements.sqlite`.
 
 Why functions: at Django's defaults (no ``prepare_threshold``, and always
 behind a transaction-pooling PgBouncer) every statement a client sends is
@@ -35,14 +35,14 @@ compares it with the worker's statements one by one.
 
 The rules every statement keeps:
 
-- each write is a transition (``outbox/transitions/``: one conditional
+- each write is a transition (:mod:`outbox.transitions`: one conditional
   statement on rows found by primary key that repeats the status the row
   must be in, written so that no index can serve the status test); a
   statement (or a function call) run in autocommit is its own transaction, so
   the two writes of the step commit together or not at all;
 - whether a row is due or expired is decided by the server's clock, ``now()``,
   never by the worker host's; the times the worker writes (``%(now)s``) are
-  Redis time from its RedisClock (see ``outbox/queue/clock.py``);
+  Redis time from its RedisClock (see :class:`outbox.queue.clock.RedisClock`);
 - parameters are named (``%(name)s``); table names and status values are
   written out: the tables are the app's own, and a status value is stored in
   the rows, so changing one would need a data migration anyway.
@@ -60,11 +60,11 @@ from __future__ import annotations
 # the worker's due test reads, not the web host's (also in ENQUEUE_ONE_CALL and
 # ENQUEUE_MANY). ``created_at`` and ``updated_at`` are now() too, always: the
 # sweeper's incremental mirror check compares ``updated_at`` with the
-# database's clock (``outbox/sweeper/mirror.py``), so a web host whose clock is
+# database's clock (``outbox.sweeper.mirror.Mirror``), so a web host whose clock is
 # slow cannot date a row before the check's window. Each returns now(), so the
 # instances returned to the caller hold what the rows hold. A suppressed
-# recipient's row is written cancelled, with the text ``outbox/suppression.py``
-# writes elsewhere. ``structure`` is a drop-in backend message's (NULL otherwise).
+# recipient's row is written cancelled, with the text ``outbox.suppression.suppressed``
+# gives elsewhere. ``structure`` is a drop-in backend message's (NULL otherwise).
 ENQUEUE_CALL = """
 SELECT *, now() FROM outbox_enqueue(%(subject)s, %(body)s, %(html)s, %(from)s, %(reply_to)s::jsonb,
     %(headers)s::jsonb, now(), %(priority)s, %(max_attempts)s,
@@ -127,9 +127,9 @@ RETURNING id, email_id, message_id, now()
 # -- the worker ---------------------------------------------------------------------------
 
 # The step's two writes, the success (step 4) and the mark (step 2), are
-# transitions (``outbox/transitions/table.py``: SENT and MARK); the worker
+# transitions (``outbox.transitions.table.SENT`` and ``MARK``); the worker
 # runs them rendered for PostgreSQL on its general path, and as the function
-# below, which the same table renders (``outbox/transitions/hotpath.py``; the
+# below, which the same table renders (``outbox.transitions.hotpath.step_function``; the
 # statements as SQL: ``outbox/transitions/sql/postgresql.sql``).
 
 # Steps 4 and 2 and the next email's content in one call of outbox_step: SENT
@@ -141,9 +141,10 @@ SELECT * FROM outbox_step(%(settle_id)s, %(settle_token)s, %(claim_id)s, %(worke
 """
 
 # Several threads' steps in one statement, so in one commit (the worker's group
-# commit, ``outbox/worker/group_commit.py``): outbox_steps, two set-based
-# UPDATEs for the whole batch; ``outbox/transitions/hotpath.py`` says why each step's row is what the
-# step would give alone (a row claimed twice in one batch goes to one of them only).
+# commit, ``outbox.worker.group_commit.GroupCommit``): outbox_steps, two set-based
+# UPDATEs for the whole batch; ``outbox.transitions.hotpath.steps_function``
+# says why each step's row is what the step would give alone (a row claimed
+# twice in one batch goes to one of them only).
 STEPS_CALL = """
 SELECT * FROM outbox_steps(%(settle_ids)s::bigint[], %(settle_tokens)s::uuid[],
     %(claim_ids)s::bigint[], %(workers)s::varchar[], %(tokens)s::uuid[],

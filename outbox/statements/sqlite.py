@@ -8,27 +8,28 @@
 
 ``enqueue_email`` itself goes through the ORM on SQLite (one look-up of the
 suppression list, then the email and its deliveries, with ``bulk_create``, in
-one transaction; see ``outbox/enqueue/api.py``), the same path that serves attachments
+one transaction; see :func:`outbox.enqueue.api.write_one`), the same path that serves attachments
 and idempotency keys everywhere. The code that runs the statements here is in
-``outbox/worker/sql.py`` (``_steps_sqlite``), ``outbox/enqueue/sql.py`` and ``outbox/enqueue/turns.py``;
-PostgreSQL's hot path is ``postgresql.py``.
+:func:`outbox.worker.sql._steps_sqlite`, :mod:`outbox.enqueue.sql` and
+:func:`outbox.enqueue.turns.write_transaction`; PostgreSQL's hot path is
+:mod:`outbox.statements.postgresql`.
 
 The same rules as PostgreSQL's, with one difference. SQLite has no server
 clock: its ``now`` would be the clock of whichever host runs the statement, so
 whether a row is due or expired is decided by Redis time, passed in as
-``%(now)s``, the clock that also promoted the id (see ``outbox/queue/clock.py``).
+``%(now)s``, the clock that also promoted the id (see :class:`outbox.queue.clock.RedisClock`).
 The times an enqueue writes are the clock of the process that runs it; the
 sweeper's mirror check does not trust them and looks at new rows by id
-(``outbox/sweeper/mirror.py``).
+(:class:`outbox.sweeper.mirror.Mirror`).
 Each write is one conditional statement on a row found by primary key that
 repeats the status the row must be in; parameters are named (``%(name)s``).
 """
 
 # -- the worker ---------------------------------------------------------------------------
 
-# The worker's step is two transitions of ``outbox/transitions/table.py`` (SENT and
+# The worker's step is two transitions of ``outbox.transitions.table`` (SENT and
 # MARK), rendered for SQLite by ``outbox.transitions.hotpath`` and run in one
-# transaction (``outbox/worker/sql.py``: SQLite has no data-modifying CTE). The
+# transaction (``outbox.worker.sql._steps_sqlite``: SQLite has no data-modifying CTE). The
 # claim's RETURNING brings the email's content too, as one JSON object built by
 # this subquery, keyed by column name, unless the worker has it cached (%(known)s);
 # ``outbox/transitions/sql/sqlite.sql`` shows the claim whole.

@@ -24,7 +24,7 @@ limit's key (``*`` or a recipient domain, as configured) and a mailer's alias
 one text is the cause of a failure alarm while it is on, on a comment line
 (``# outbox_failure_alarm{mailer=""} cause: ...``), which Prometheus ignores and
 a person reading the scrape finds: the server's reply with its addresses
-removed (``mail/failures.py``, ``cause_of``).
+removed (:func:`outbox.mail.failures.cause_of`).
 
 When Redis cannot be read the database families are still served, with
 ``outbox_redis_up 0``; when the database cannot be read, ``outbox_database_up

@@ -9,7 +9,7 @@ keys may be added; none is renamed or removed without a new ``version``):
 ``time``
     When the snapshot was taken: ISO 8601, UTC.
 ``valve``
-    The staging valve (``outbox/mail/valve.py``), from this host's settings:
+    The staging valve (:mod:`outbox.mail.valve`), from this host's settings:
     ``on`` (bool: ``OUTBOX["ALLOWED_RECIPIENTS"]`` is set, so mail to other
     addresses is redirected or cancelled), ``allowed_recipients`` (the
     patterns, or ``null``) and ``redirect_to`` (``null`` when off or unset).

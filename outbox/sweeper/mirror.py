@@ -21,7 +21,7 @@ Which rows are "recent" is decided on one clock, the one their writers use:
 
 - PostgreSQL: the database's. Every row that becomes queued outside a
   worker's list (an enqueue, an operator's or the sweeper's transition)
-  gets ``updated_at = now()`` from the server (``statements/postgresql.py``,
+  gets ``updated_at = now()`` from the server (``outbox.statements.postgresql``,
   ``operations.transition``), and each pass reads ``SELECT now()`` at its
   start into the marker. The web hosts write these rows and may be unable to
   reach Redis at that moment (the push that failed is why the check exists),

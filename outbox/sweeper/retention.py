@@ -2,7 +2,7 @@
 
 An email's content is what could hold a secret (a password-reset link, a login
 code): its body, its HTML and other alternatives, its headers, its structure
-(``mail/structure.py``) and its attachments' bytes. It is needed while a
+(``outbox.mail.structure``) and its attachments' bytes. It is needed while a
 delivery may still be sent: ``queued``, ``processing``, and ``abandoned``
 (a person may requeue it). Once every delivery of the email is settled
 (``sent``, ``failed`` or ``cancelled``) the sweeper clears it:
@@ -36,8 +36,7 @@ sweeper's repairs.
 A requeue needs the content (``transitions.CONTENT``): it skips a cleared row.
 A row queued without content all the same (a previous release's requeue during
 a rolling upgrade, a hand-written UPDATE) is failed by its worker, "its
-content was cleared": never an empty message (``mail/structure.py``,
-``refuse_cleared``).
+content was cleared": never an empty message (``outbox.mail.structure.refuse_cleared``).
 """
 
 from __future__ import annotations

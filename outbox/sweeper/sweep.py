@@ -246,7 +246,7 @@ class Sweeper:
     def _companions(self, rows: Sequence[Mapping[str, Any]], worker_id: str) -> list[int]:
         """The rows the dead worker marked with those it claimed, for one ESP request.
 
-        They are in no processing list (``mail/esp.py``): found by their
+        They are in no processing list (``outbox.mail.request``): found by their
         message and their worker, through the index of ``email_id``.
         """
         emails = {row["email_id"] for row in rows if row["status"] == Status.PROCESSING}
@@ -333,7 +333,7 @@ class Sweeper:
     ) -> list[int]:
         """Settle ``sent`` the rows whose attempt the ESP reported before ``who`` went away.
 
-        Whatever the policy: the ESP has the message (``contrib/anymail.py``
+        Whatever the policy: the ESP has the message (``outbox.contrib.anymail.record_event``
         kept its event as the attempt's evidence), so it is never sent again.
         The row goes through ``abandoned`` (the operator's transitions, each
         in the attempt log). Returns the others.
@@ -395,18 +395,18 @@ class Sweeper:
         )
         report.expired += len(result.changed)
 
-    # -- 3. the Redis mirror (mirror.py) ----------------------------------------------
+    # -- 3. the Redis mirror (mirror.Mirror) -----------------------------------------
 
     def _rebuild_mirror(self, report: SweepReport, force_full: bool) -> None:
         report.full_mirror_check, pushed = Mirror(self.queue, self._keep_lease).repair(force_full)
         report.remirrored += pushed
 
-    # -- 6. row retention (5, the content's, is retention.py) ---------------------------
+    # -- 6. row retention (5, the content's, is retention.clear_content) ----------------
 
     def purge_sent(self, older_than_days: float) -> int:
         """Delete sent rows (and their attempts) older than the age, in batches.
 
-        Their content has usually gone long before (``retention.py``): this is
+        Their content has usually gone long before (``retention.clear_content``): this is
         the retention of the rows themselves, evidence included.
         """
         cutoff = timezone.now() - timedelta(days=older_than_days)

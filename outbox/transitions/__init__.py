@@ -1,7 +1,7 @@
 """Every change of a delivery's status, written once: where it starts, what guards it, what it sets.
 
-Each :class:`Transition` in ``table.py`` is one conditional UPDATE of ``outbox_delivery``:
-the statuses the row must be in (``source``), what else must hold (``guard``:
+Each :class:`Transition` in :mod:`~outbox.transitions.table` is one conditional UPDATE of
+``outbox_delivery``: the statuses the row must be in (``source``), what else must hold (``guard``:
 the claim token of the attempt, or that the row is due, or that its email's content
 is still there; or, instead of one row, its message's other rows), and the columns it
 writes (``sets``). Nothing else in the package writes a status. Two renderings
@@ -9,13 +9,13 @@ are derived from the same entry:
 
 - :meth:`Transition.sql`: the statement's text for one database, which the
   worker runs for its claim, its success and a message's companions, also
-  inside its PL/pgSQL functions (all four written in ``hotpath.py``);
+  inside its PL/pgSQL functions (all four written in :mod:`outbox.transitions.hotpath`);
 - :meth:`Transition.values` and :meth:`Transition.match`: the same write as a
   Django ``QuerySet.update()``, which the worker's other outcomes and every
   operator or sweeper change run (:mod:`outbox.operations`). Every transition
   renders both ways, so none can be used on a path it cannot run on.
 
-What a database does differently is written in ``render.py`` only: whose clock
+What a database does differently is written in :mod:`outbox.transitions.render` only: whose clock
 (``_Clock``: whether a row is due or expired, and the time written where the
 table says "the clock", is the database server's ``now()`` on PostgreSQL and
 the ``now`` the caller passes on SQLite, which has no server clock: Redis

@@ -34,7 +34,7 @@ def path(vendor: str) -> Path:
 
 def dump(vendor: str) -> str:
     """Every statement of ``vendor`` that writes a delivery's status, each under a comment
-    naming the transition (``table.py``) and the function that renders it."""
+    naming the transition (:mod:`outbox.transitions.table`) and the function that renders it."""
     if vendor not in DATABASES:
         raise ValueError(f"{vendor!r}: one of {', '.join(DATABASES)}")
     symbol = {

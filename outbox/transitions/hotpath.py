@@ -12,7 +12,7 @@ from the table and nowhere else; ``outbox.worker.sql`` runs them, and
 A migration carries the functions' DDL as frozen text, as migrations do; the
 newest one that creates a function must carry what these render now
 (``tests/transitions/test_table.py`` checks it). A change to ``SENT`` or ``MARK`` is
-therefore its edit in ``table.py`` plus a new migration with the DDL that
+therefore its edit in :mod:`outbox.transitions.table` plus a new migration with the DDL that
 ``python -m outbox.transitions postgresql`` prints.
 """
 

@@ -1,6 +1,6 @@
 """How a transition is written: the values it sets, and its statement and ORM update for a database.
 
-The table itself is ``table.py``; the package's docstring says what a
+The table itself is :mod:`outbox.transitions.table`; the package's docstring says what a
 transition is and why there is one source for each.
 """
 
@@ -87,7 +87,7 @@ class _Clock:
 
     On SQLite it is the ``now`` passed in; ``instant`` is that clock as
     compared with or written to ``not_before`` and ``expires_at``, which are
-    stored in UTC whatever ``USE_TZ`` says (``models/instants.py``), so a raw
+    stored in UTC whatever ``USE_TZ`` says (``outbox.models.InstantField``), so a raw
     statement takes it as its own parameter, ``now_instant``
     (``outbox.models.stored(now, connection)``); so does a :class:`Param`
     written to one of them (``retry_at``, ``not_before``) when a transition
@@ -193,7 +193,7 @@ UNEXPIRED = "unexpired"  # guard: not past its ``expires_at`` by the clock
 # Not one row but the others of its message: ``email_id = %(email)s AND id <> %(id)s``.
 COMPANIONS = "companions"
 # guard: its email's content is still there (``Email.content_cleared_at IS NULL``): a row
-# is never queued again with nothing to send (``sweeper/retention.py``).
+# is never queued again with nothing to send (``outbox.sweeper.retention``).
 CONTENT = "content"
 
 

@@ -1,4 +1,4 @@
-"""The table: every change of a delivery's status, one entry each (``render.py`` writes them)."""
+"""The table: every change of a delivery's status, one entry each (each a ``render.Transition``)."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ MARK = Transition(
         "status",
     ),
 )
-# A message from the drop-in backend goes to an ESP in one request (``mail/request.py``):
+# A message from the drop-in backend goes to an ESP in one request (outbox.mail.request):
 # the mark's row takes the message's other rows with it, each as the mark would,
 # under the same claim token. A row not due, past its expires_at or not queued
 # is left to its own claim, and the request goes without it.
@@ -155,12 +155,12 @@ NOTE_SERVER = Transition(
 # The sweeper's and the operators' (outbox.operations: many rows, an Attempt
 # row each). A row becoming queued gets ``updated_at`` from the clock: the
 # sweeper's incremental mirror check compares it with the database's
-# (outbox/sweeper/mirror.py), whoever's host wrote it.
+# (outbox.sweeper.mirror.Mirror), whoever's host wrote it.
 
 _BACK_TO_QUEUED = {"status": Const(Status.QUEUED), **_UNCLAIMED, "updated_at": CLOCK}
 
 # An operator's requeue needs its email's content: once the sweeper has cleared
-# it (outbox/sweeper/retention.py) the row is skipped, reported as "content cleared".
+# it (outbox.sweeper.retention.clear_content) the row is skipped, reported as "content cleared".
 REQUEUE = Transition(
     "requeue",
     source=(Status.ABANDONED, Status.FAILED, Status.CANCELLED),

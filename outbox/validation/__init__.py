@@ -6,10 +6,11 @@ Every function raises :class:`~outbox.exceptions.InvalidEmailError` (a
 
 One module per concern, each importing only those above it in this list:
 
-- ``text.py``: text a header or a column can carry (line breaks, NULs, types);
-- ``addresses.py``: one address, a list of them, and the form they are compared in;
-- ``headers.py``: extra headers and MIME types;
-- ``templates.py``: email templates' engine and syntax errors.
+- :mod:`outbox.validation.text`: text a header or a column can carry (line breaks, NULs, types);
+- :mod:`outbox.validation.addresses`: one address, a list of them, and the form they
+  are compared in;
+- :mod:`outbox.validation.headers`: extra headers and MIME types;
+- :mod:`outbox.validation.templates`: email templates' engine and syntax errors.
 
 Import from ``outbox.validation``: the modules beneath it may move.
 """

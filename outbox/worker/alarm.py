@@ -1,9 +1,9 @@
-"""The worker's side of the failure alarm (``queue/alarm.py``): counting, and one line a window.
+"""The worker's side of the failure alarm (``outbox.queue.alarm``): counting, and one line a window.
 
 Every outcome of a hand-over is counted in memory, per mailer
 (:meth:`FailureAlarm.observe`, called by ``report.announce``): a dict update
 under a lock, no I/O. The tallies go to Redis (``queue.alarm.add``) from the
-process's main loop (``process.py``, :meth:`FailureAlarm.tick`), at most
+process's main loop (``process.Worker.run``, :meth:`FailureAlarm.tick`), at most
 once a second, and at once after a failure while this process knows of no
 alarm for its mailer (the failure sets ``wake``, the main loop's event), so the
 alarm starts with the failure that sets it off. A sender thread never waits

@@ -1,6 +1,6 @@
 """One delivery's attempt in a sender thread: from its marked row to the outcome in hand.
 
-The loop (``loop.py``) claims ids and marks a row; what follows is here, top
+The loop (``loop.SenderLoop``) claims ids and marks a row; what follows is here, top
 to bottom, in the order it happens:
 
 1. :func:`started_from` turns the mark's answer into the message to send
@@ -10,11 +10,11 @@ to bottom, in the order it happens:
    (:meth:`Sender.send_request`).
 3. :meth:`Sender.hand_over` is the hand-over, fenced: a message goes out only
    while the worker's heartbeat lease is live, checked right before the send
-   and again right before SMTP's final dot (``mail/handover.py``). A worker
+   and again right before SMTP's final dot (:func:`~outbox.mail.handover.watch_handover`). A worker
    frozen mid-send and declared dead meanwhile releases the row instead.
 4. The outcome (:class:`~outbox.worker.outcomes.Settlement`) goes back to the
-   loop, which settles it with the next row's mark (``outcomes.py``,
-   ``settling.py``).
+   loop, which settles it with the next row's mark (:func:`~outbox.worker.outcomes.write_outcome`,
+   :class:`~outbox.worker.settling.Settling`).
 
 Every outcome names the server the connection reached; with reconcilers
 configured, the row names it before the hand-over too. The staging valve looks
@@ -117,7 +117,7 @@ class Sender:
         self.worker = worker
         self.gate = gate  # told of send errors (slowed domains)
         # The default connection (``backend``; None: created on first use, see
-        # connections.py) and, created on first use, one per mailer.
+        # connections.Connections) and, created on first use, one per mailer.
         self.connections = Connections(backend, fence=self.may_hand_over)
         self.sending_as = worker.worker_id  # the incarnation the row being sent was marked under
         self.last_send = 0.0  # time.monotonic() when a send last ended
@@ -134,7 +134,7 @@ class Sender:
             self.gate.on_send_error(started, exc, connecting=True)
             return self.gate.settled(failure(started, exc, self.worker.clock.now()))
         server = handover_server(link.backend)
-        # A mailer whose ESP refused its credential is paused (gate.py).
+        # A mailer whose ESP refused its credential is paused (gate.Gate.settled).
         settlement = self.gate.settled(self.send(started, link.backend, server))
         settlement.server = server
         self.last_send = time.monotonic()
@@ -175,7 +175,7 @@ class Sender:
             else:
                 built = self.worker.emails.builds(started.email)
                 message = build_message(started.delivery, started.email, started.attachments, built)
-            # The staging valve's guarantee is given here, on the copy as built (mail/valve.py).
+            # The staging valve's guarantee is given here, on the copy as built (valve.admit).
             message, note = valve.admit(message, started.delivery.recipient)
             if over_http:
                 esp.identify(message, started.delivery.pk, started.token)

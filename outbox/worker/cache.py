@@ -7,10 +7,10 @@ every recipient. The bound is in bytes, not entries: a few hundred cached
 25 MB attachments must not become gigabytes. An email larger than the whole
 budget is simply not cached.
 
-Each email's copies also share one build of its message (``mail/message.py``,
-``build_message``): Django's message object, whose parts hold the texts again
-and each attachment base64-encoded, plus the objects of its headers and
-parts. Those objects cost about 130 KB a build on Django 6.1 (its modern
+Each email's copies also share one build of its message
+(``outbox.mail.message.build_message``): Django's message object, whose parts
+hold the texts again and each attachment base64-encoded, plus the objects of
+its headers and parts. Those objects cost about 130 KB a build on Django 6.1 (its modern
 email API parses every header), 10 KB on 5.2, whatever the email's size,
 so the builds are kept for the :data:`MAX_BUILDS` most recently used
 emails only: the copies of an email in flight share one, and a process

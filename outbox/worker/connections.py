@@ -1,12 +1,12 @@
 """One sender thread's delivery connections: the default one, and one per mailer it used.
 
-An email that names a mailer (``Email.mailer``, see ``outbox/mail/mailers.py``) is
+An email that names a mailer (``Email.mailer``, see :mod:`outbox.mail.mailers`) is
 sent through that mailer's connection; every other email through the
 thread's default connection, as before mailers existed: for those the lookup
 is one test of an empty string.
 
 A mailer's connection (and the default one, when the thread could not create
-it at its start: ``ImproperlyConfigured``, see ``process.py``) is created the
+it at its start: ``ImproperlyConfigured``, see ``process.Worker``) is created the
 first time the thread sends one of its emails (``SEND_TIMEOUT`` applied by
 :func:`outbox.mail.mailers.get_connection`), and then lives as long as the
 thread. Every connection, the default one

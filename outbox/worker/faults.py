@@ -8,9 +8,9 @@ SIGKILL it, or cut its database connection, exactly there;
 ``after_claim``             ids are in the processing list, rows still queued
 ``after_mark_processing``   the row is ``processing``, nothing sent yet
 ``after_note_server``       the row names the server it goes to, nothing sent yet
-                            (only with ``OUTBOX["RECONCILERS"]`` set: ``worker/attempt.py``)
+                            (only with ``OUTBOX["RECONCILERS"]``: ``attempt.Sender.note_server``)
 ``after_mark_companions``   an ESP request's companions are ``processing`` too
-                            (``worker/attempt.py``, ``Sender.send_request``), nothing sent yet
+                            (``attempt.Sender.send_request``), nothing sent yet
 ``before_send``             the copy is built, the lease not yet asked again (the
                             last moment an HTTP request can be called back)
 ``after_send``              the mail server accepted it, the row is not yet ``sent``

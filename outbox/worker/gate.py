@@ -1,16 +1,16 @@
 """The worker's side of sending control: pauses, slowed domains and rate limits.
 
-Two checks, each a small hook in the sender loop (``loop.py``):
+Two checks, each a small hook in the sender loop (:class:`~outbox.worker.loop.SenderLoop`):
 
 - **before marking a row**, :meth:`Gate.paused`: a global pause (read from the
   claim replies, or again from Redis when the view is older than
   ``control.MAX_AGE``) makes the thread give back its claimed ids instead of
-  sending them (``outbox/queue/control.py``);
+  sending them (:mod:`outbox.queue.control`);
 - **after the claim UPDATE**, :meth:`Gate.holds`: the row's recipient domain
   (and its email's mailer) is now known. A paused domain, a domain slowed down
   after a 421/450, a mailer paused after its ESP refused the credential, or a
   rate limit with no free slot (its domain's, its
-  mailer's or ``"*"``, taken together; ``outbox/queue/ratelimit.py``) holds the row:
+  mailer's or ``"*"``, taken together; :func:`outbox.queue.ratelimit.take`) holds the row:
   ONE conditional UPDATE (``WHERE status='processing' AND claim_token=<ours>``)
   puts it back to ``queued`` with ``attempts`` restored and ``not_before`` =
   the moment it may go, and the id goes to ``scheduled`` for that moment
@@ -20,7 +20,7 @@ Two checks, each a small hook in the sender loop (``loop.py``):
 
 A third hook, :meth:`Gate.settled`, sees each outcome: a mailer whose ESP
 refused its credential (``on_send_error``) is paused for all workers
-(``queue/control.py``, ``refuse``); the row that met the refusal is released
+(:func:`outbox.queue.control.refuse`); the row that met the refusal is released
 (not an attempt), due when the pause ends, and the first success through the
 mailer afterwards ends it.
 
@@ -117,7 +117,7 @@ class Gate:
         mail server as a whole, not one domain: then all sending (``"*"``) waits.
         An ESP's 429 or 503 with ``Retry-After`` is about the account: the
         email's mailer (``"mailer:<alias>"``; all sending for the default
-        backend) waits that long (``mail/failures.py``). One that refused the
+        backend) waits that long (:func:`outbox.mail.failures.retry_after`). One that refused the
         mailer's credential (401, 403), or a backend that cannot be created,
         pauses that mailer (:meth:`pause_mailer`).
         """
@@ -147,7 +147,7 @@ class Gate:
         )
 
     def pause_mailer(self, mailer: str, why: str) -> None:
-        """Pause ``mailer`` for all workers (``queue/control.py``, ``refuse``); log a new pause."""
+        """Pause ``mailer`` for all workers (``outbox.queue.control.refuse``); log a new pause."""
         queue = self.worker.queue
         try:
             state, began = control.refuse(mailer, why, queue)

@@ -14,7 +14,7 @@ the next row ``processing`` (each step's two conditional UPDATEs are the same
 as alone; see ``sql.run_steps``). Outcomes are never held back to fill a
 batch: a batch is whatever was waiting when the previous one finished, and a
 thread that finds nobody writing writes at once. Only successes and claims go
-this way; other outcomes take their own transaction (``loop._settle_and_mark``).
+this way; other outcomes take their own transaction (``loop.SenderLoop._settle_and_mark``).
 
 The writer, whichever sender thread it is, writes on the worker process's
 one step connection (:class:`StepConnection`): a process holds one

@@ -70,7 +70,7 @@ class SenderLoop:
         self.database = outbox_alias()
         self.vendor = connections[self.database].vendor
         # Step 4: the outcome in hand, written alone when no next row is ready,
-        # and the outcomes parked until the database takes them (settling.py).
+        # and the outcomes parked until the database takes them (settling.Settling).
         self.settling = Settling(worker, self.database, self.vendor, self._ack)
 
     @property
@@ -262,7 +262,7 @@ class SenderLoop:
         """The step was refused for good (nothing of it was written): never retry it as it is.
 
         Which half was refused is not said: the outcome is written alone
-        (settled as ``settling.py`` says if it is the one refused), then the
+        (settled as :meth:`Settling.alone` says if it is the one refused), then the
         claim is tried again alone. A claim refused for good is dropped, with
         an ERROR: the row stays ``queued``, its id acknowledged (the mirror
         check pushes it again later), and this thread goes on.
@@ -316,7 +316,7 @@ class SenderLoop:
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
             return changed, sql.claim_row(item.id, worker_id, token, now)
 
-    # -- step 4 on its own (settling.py), and giving back -------------------------
+    # -- step 4 on its own (settling.Settling), and giving back -------------------
 
     def _settle_alone(self) -> None:
         """Write the outcome in hand when there is no next row to share a commit with."""

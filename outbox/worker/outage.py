@@ -5,7 +5,7 @@ Without ``give_up_after`` the worker waits an outage out. With it
 that long stops the worker: one error line naming what was unreachable, where
 and why, and exit status :data:`EXIT_UNAVAILABLE` (1 when the database answers
 but is not migrated). Whichever thread waits asks :meth:`GiveUp.outlasted`
-(through ``Worker.outlasted``, ``process.py``); the first one to give up speaks.
+(through ``process.Worker.outlasted``); the first one to give up speaks.
 """
 
 from __future__ import annotations

@@ -15,11 +15,11 @@ in the same transaction as its Attempt row:
 ``released``   never handed over (the lease ran out first), or refused with
                the mailer's configuration (its ESP answered 401/403, its
                backend cannot be created: ``failures.configuration_refused``;
-               the mailer is paused, ``gate.py``): back to ``queued``, due at
+               the mailer is paused, ``gate.Gate.settled``): back to ``queued``, due at
                once or when the mailer's pause ends, and the attempt does not
                count
 ``cancelled``  never handed over: the staging valve stopped the copy
-               (``outbox/mail/valve.py``); the attempt does not count
+               (``outbox.mail.valve.admit``); the attempt does not count
 
 If the UPDATE changes no row, someone else (the sweeper, an operator) settled
 the row meanwhile; nothing is overwritten. A success is still written as an
@@ -27,7 +27,7 @@ Attempt row then: it is the evidence an operator needs.
 
 When the database fails the write (retried while it is unreachable) or
 refuses it for good (settled with the least that can be written),
-``settling.py`` takes over.
+:class:`~outbox.worker.settling.Settling` takes over.
 
 The suppression list is written best-effort inside the outcome: an address
 it cannot hold (an IDNA form longer than its column) is logged as a WARNING
@@ -116,14 +116,14 @@ class Settlement:
     # The database's refusal for good of this outcome's write, once there was one.
     refusal: str = ""
     # For a success through an ESP's API: its own id of the message
-    # (``mail/esp.py``), written on the attempt's row.
+    # (``outbox.mail.esp.esp_message_id``), written on the attempt's row.
     esp_message_id: str = ""
-    # The outcomes of the companions sent in the same request (``mail/request.py``):
+    # The outcomes of the companions sent in the same request (``outbox.mail.request``):
     # written with this one, in its transaction; each ``changed`` once written.
     companions: list[Settlement] = field(default_factory=list)
     changed: int = 0
     # For a failure: what it says, shared by failures alike (the failure alarm's
-    # cause: ``mail/failures.py``, ``cause_of``); "" otherwise.
+    # cause: ``outbox.mail.failures.cause_of``); "" otherwise.
     cause: str = ""
 
     @property
@@ -154,7 +154,7 @@ def _failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     kind = classify(exc)
     if kind is not FailureKind.AMBIGUOUS and configuration_refused(exc) is not None:
         # Not this message's fault: no attempt burnt; due when the mailer's
-        # pause ends (gate.py, ``settled``).
+        # pause ends (``gate.Gate.settled``).
         return Settlement(started, Outcome.RELEASED, f"the mailer is paused: {error}"[:2000])
     if kind is FailureKind.AMBIGUOUS:
         error = f"in doubt: {error}"[:2000]
@@ -184,7 +184,7 @@ def from_answer(started: Started, answer: request.Answer, now: datetime) -> Sett
 
     Accepted is a success with the ESP's id; refused for good is ``failed``,
     the address suppressed under ``SUPPRESS_ON_REFUSAL``; not named, the
-    request's fate (``mail/request.py``, ``REFUSED``); anything else is retried
+    request's fate (``outbox.mail.request.REFUSED``); anything else is retried
     as a transient failure.
     """
     status = answer.of(started.delivery.recipient)
@@ -272,7 +272,7 @@ def settle_from_evidence(s: Settlement) -> None:
     """Make ``s`` a success if the ESP's event for its attempt came first.
 
     An ESP posts its event within seconds, maybe before its answer (which may
-    then be lost, or a 5xx): ``contrib/anymail.py`` keeps it as the attempt's
+    then be lost, or a 5xx): :func:`outbox.contrib.anymail.record_event` keeps it as the attempt's
     evidence, and a retry would send the message twice. The row is locked
     first (PostgreSQL; SQLite has one writer), and the event's side locks it
     too before it writes: either the evidence is seen here, or the event finds

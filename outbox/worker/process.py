@@ -14,14 +14,14 @@ on their own delivery connection and database connection; one more thread
 writes the heartbeat. A sender thread that crashes stops the process, which
 then exits with status 1. A delivery backend that cannot be created
 (``ImproperlyConfigured``) is not a crash: its mailer is paused, its rows stay
-queued, and the other mailers go on (``gate.py``).
+queued, and the other mailers go on (:meth:`~outbox.worker.gate.Gate.pause_mailer`).
 
 An unreachable Redis or database makes the threads back off and wait; with
 ``give_up_after`` (``--give-up-after``, 30 s by default with ``--burst``) an
 outage that lasts that long stops the worker instead, with one error line
 naming what was unreachable and where, and exit status
 :data:`~outbox.worker.outage.EXIT_UNAVAILABLE` (1 when the database answers
-but is not migrated): ``outage.py``.
+but is not migrated): :class:`~outbox.worker.outage.GiveUp`.
 """
 
 from __future__ import annotations
@@ -101,17 +101,17 @@ class Worker:
         self.stop_event = threading.Event()
         # Seconds an outage of Redis or the database may last before the
         # worker stops (None: it waits for ever); and, once it gave up, its
-        # exit status (outage.py).
+        # exit status (outage.GiveUp).
         self.give_up = GiveUp(give_up_after, self.stop_event)
         self.stats = Stats()
         # What the main loop waits on between its rounds: a sender thread that
         # ends, or a failure the alarm should hear of at once, cuts the wait short.
         self.wake = threading.Event()
-        # Attempts and failures per mailer, for the failure alarm (alarm.py).
+        # Attempts and failures per mailer, for the failure alarm (alarm.FailureAlarm).
         self.alarm = FailureAlarm(self.queue, self.wake)
         self.clock = RedisClock()
         self.emails = EmailCache()
-        # The operator's switches as the claims saw them (outbox/queue/control.py).
+        # The operator's switches as the claims saw them (outbox.queue.control.ControlView).
         self.control = ControlView()
         self.crashed = False
         # The incarnation's name and lease, replaced as one under `_lock`
@@ -136,7 +136,7 @@ class Worker:
         # so the next one starts the moment a commit ends, while the others
         # build and send messages. Other processes still meet the busy handler.
         self.sqlite_write_lock = threading.Lock()
-        # The sender threads' steps, written together (group_commit.py) on
+        # The sender threads' steps, written together (group_commit.GroupCommit) on
         # the process's one step connection.
         self.steps = StepConnection(self.sqlite_write_lock)
         self.group_commit = GroupCommit(self.steps.write, limit=max(1, self.concurrency))
@@ -252,7 +252,7 @@ class Worker:
         return 1 if self.crashed else 0
 
     def outlasted(self, since: float, what: str, exc: BaseException | None) -> bool:
-        """Whether an outage of ``what`` that began at ``since`` stops the worker (outage.py).
+        """Whether an outage of ``what`` that began at ``since`` stops the worker (``GiveUp``).
 
         Called by whichever thread waits; the first one to give up speaks.
         """
@@ -286,7 +286,7 @@ class Worker:
                 # A setting the backend needs is missing (check outbox.E027 says
                 # which at start): the thread still runs, for the other mailers;
                 # the default one is created when its first row comes, and its
-                # failure then pauses that mailer (gate.py), burning no row.
+                # failure then pauses that mailer (gate.Gate.pause_mailer), burning no row.
                 logger.debug(
                     "thread %d: the delivery backend cannot be created yet: %s", index, exc
                 )

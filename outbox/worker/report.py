@@ -1,6 +1,6 @@
 """What a worker tells the operator: counters, one log line per outcome, signals.
 
-While a mailer's failure alarm is on (``alarm.py``), the lines of its single
+While a mailer's failure alarm is on (``alarm.FailureAlarm``), the lines of its single
 failed attempts go down to DEBUG: the alarm's own line, once a window, says
 what they would.
 """

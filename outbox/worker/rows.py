@@ -1,6 +1,6 @@
 """The worker's rows, read by column name: what its statements return, as model instances.
 
-The statements and their runners are ``sql.py``; this is only the mapping,
+The statements and their runners are :mod:`outbox.worker.sql`; this is only the mapping,
 so that the runners read the columns by name and build the instances the
 sender needs without a query of their own.
 """
@@ -147,7 +147,8 @@ def email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
             "created_at": None,
             "mailer": row.mailer,
             "structure": json_value(row.structure),
-            # Not read by the worker: a cleared email's structure says so (mail/structure.py).
+            # Not read by the worker: a cleared email's structure says so
+            # (outbox.mail.structure.CLEARED).
             "sensitive": False,
             "content_cleared_at": None,
         },

@@ -1,7 +1,7 @@
 """Step 4 on its own: an outcome written alone, retried, settled after a refusal, or parked.
 
 An outcome is written with the next row's claim when there is one (the step,
-``loop.py``, ``SenderLoop._settle_and_mark``); this is the rest of step 4:
+``loop.SenderLoop._settle_and_mark``); this is the rest of step 4:
 which outcomes go through the group commit (:meth:`Settling.grouped`), the
 outcome written on its own when no next row is ready (:meth:`Settling.alone`),
 and what happens when the database will not take the write.
@@ -78,7 +78,7 @@ class Settling:
         self.ack = ack
         self.settlement: Settlement | None = None  # the outcome in hand, not yet written
         # Outcomes the database refused for good, and their settling too: each
-        # tried again at its time (time.monotonic()), with its pause (outcomes.py).
+        # tried again at its time (time.monotonic()), with its pause (outcomes.Settlement).
         self.parked: list[tuple[float, float, Settlement]] = []
 
     def grouped(self, s: Settlement | None) -> bool:
@@ -86,7 +86,7 @@ class Settling:
         return self.vendor in ("postgresql", "sqlite") and (
             s is None
             # A note or the ESP's message id is written on an Attempt row, and
-            # companions with their own outcomes: see outcomes.py.
+            # companions with their own outcomes: see outcomes.write_outcome.
             or (
                 s.outcome == Outcome.SENT
                 and not s.error

@@ -1,15 +1,15 @@
-"""The worker's statements run, for each database (their rows are mapped in ``rows.py``).
+"""The worker's statements run, for each database (``outbox.worker.rows`` maps their rows).
 
 What runs once per email is raw SQL: the ORM's query building costs more CPU
 than the round trip. The statements themselves, with the rules they keep, are
-in ``outbox/statements/`` (``postgresql.py``, ``sqlite.py``), and those that
+in :mod:`outbox.statements.postgresql` and :mod:`outbox.statements.sqlite`, and those that
 write a status are rendered from the table by :mod:`outbox.transitions.hotpath`
 (all of them, as SQL: ``outbox/transitions/sql/``): each is one
 conditional write that repeats the state the row must be in, so a stale id or
 a late worker changes nothing. Whether a row is due is decided by the
 database's own clock on PostgreSQL and by Redis time on SQLite, never by the
 worker host's clock; times the worker writes are Redis time from its
-RedisClock (see ``outbox/queue/clock.py``).
+RedisClock (see :class:`~outbox.queue.clock.RedisClock`).
 """
 
 from __future__ import annotations

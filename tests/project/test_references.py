@@ -10,6 +10,10 @@ the project and check four kinds of reference:
 - a file followed by a name (`` `worker/loop.py`, `SenderLoop.run` ``, the
   style of ``PROTOCOL.md``) names something that file defines;
 - a dotted path (``outbox.worker.loop.SenderLoop``) imports;
+- in the comments and docstrings of ``outbox/``, a symbol named with a dotted
+  path (``outbox.worker.attempt.Sender``, a model's field such as
+  ``outbox.models.Delivery.status``), or short from within its own package
+  (``settling.Settling``, :meth:`Sender.hand_over`), is there;
 - ``OUTBOX["NAME"]`` names a setting (``outbox.conf.DEFAULTS``).
 
 And one reference the tests must not make: no module under ``tests/`` imports
@@ -27,8 +31,12 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
+import io
 import re
 import subprocess
+import tokenize
+from collections.abc import Iterator
 from functools import cache
 
 import pytest
@@ -150,18 +158,42 @@ def test_names_in_named_files_exist() -> None:
     assert not missing, "names that their file does not define:\n" + "\n".join(missing)
 
 
+def has(obj: object, attr: str) -> bool:
+    """Whether ``obj.attr`` is there: an attribute, a class's annotated field, a model's field."""
+    if hasattr(obj, attr):
+        return True
+    if not isinstance(obj, type):
+        return False
+    if any(attr in vars(c).get("__annotations__", {}) for c in obj.__mro__):
+        return True  # a dataclass's field without a default, or an instance attribute
+    meta = getattr(obj, "_meta", None)  # a model: Options.get_field, as documented
+    if meta is not None:
+        try:
+            meta.get_field(attr)
+        except Exception:  # FieldDoesNotExist, or a _meta that is not a model's
+            return False
+        return True
+    return False
+
+
+def found_in(obj: object, attrs: list[str]) -> bool:
+    """Whether ``obj.a.b...`` (``attrs``) is there, one attribute after the other."""
+    for attr in attrs:
+        if not has(obj, attr):
+            return False
+        obj = getattr(obj, attr, None)
+    return True
+
+
 def importable(dotted: str) -> bool:
+    """Whether ``dotted`` names something: its longest importable prefix, then attributes."""
     parts = dotted.split(".")
     for cut in range(len(parts), 0, -1):
         try:
             obj = importlib.import_module(".".join(parts[:cut]))
         except ImportError:
             continue
-        for attr in parts[cut:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
+        return found_in(obj, parts[cut:])
     return False
 
 
@@ -186,6 +218,108 @@ def test_dotted_paths_import() -> None:
             if dotted not in perms and not importable(dotted):
                 missing.add(f"{path}:{n}: {dotted}")
     assert not missing, "dotted paths that do not import:\n" + "\n".join(sorted(missing))
+
+
+def comments_and_docstrings(path: str) -> Iterator[tuple[int, str]]:
+    """(line number, text) of each comment and each docstring's line in the module at ``path``."""
+    source = (ROOT / path).read_text(encoding="utf-8")
+    for token in tokenize.generate_tokens(io.StringIO(source).readline):
+        if token.type == tokenize.COMMENT:
+            yield token.start[0], token.string
+    text = source.splitlines()
+    docstringed = (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)
+    for node in ast.walk(ast.parse(source, filename=path)):
+        if not (isinstance(node, docstringed) and node.body):
+            continue
+        first = node.body[0]
+        value = first.value if isinstance(first, ast.Expr) else None
+        if isinstance(value, ast.Constant) and isinstance(value.value, str):
+            for n in range(first.lineno, (first.end_lineno or first.lineno) + 1):
+                yield n, text[n - 1]
+
+
+# A short dotted name (``settling.Settling``, ``sql.claim_row()``), not part of a
+# path or of a longer name; and the target of a Sphinx role (:class:`~outbox.x.Y`,
+# :meth:`Sender.hand_over`, :func:`pause`), which may be a single name.
+SHORT = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")
+ROLE = re.compile(r":[a-z]+:`~?\.?([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*)(?:\(\))?`")
+
+
+def ours(obj: object) -> bool:
+    """Whether ``obj`` (a name a module binds) is the outbox's own: a module or a definition."""
+    name = obj.__name__ if isinstance(obj, type(importlib)) else getattr(obj, "__module__", None)
+    return isinstance(name, str) and name.split(".")[0] == "outbox"
+
+
+# Short dotted names in outbox's comments that are prose, not a symbol of the
+# module their first part names: each with why.
+PROSE_NAMES = {
+    "message.anymail_status.message_id": "a message's anymail attribute, not outbox.mail.message",
+}
+
+
+def short_name_found(module: str, dotted: str) -> bool | None:
+    """Whether ``dotted``, written in ``module``, is there; None if it is not a name of ours.
+
+    Its first part is looked up as the module would: a name the module binds
+    (the outbox's own, else it is not ours), else a module of the same package
+    that no library's top-level name shadows (``email``, ``django``). A first
+    part that is neither (a word, a column, a library's name) is not checked.
+    """
+    first, *rest = dotted.split(".")
+    namespace = importlib.import_module(module)
+    if first in vars(namespace):
+        bound = vars(namespace)[first]
+        return found_in(bound, rest) if ours(bound) else None
+    package = module if hasattr(namespace, "__path__") else module.rpartition(".")[0]
+    if importlib.util.find_spec(f"{package}.{first}") is None:
+        return None
+    try:
+        library = importlib.util.find_spec(first) is not None
+    except ImportError:
+        library = False
+    if library:
+        return None
+    return found_in(importlib.import_module(f"{package}.{first}"), rest)
+
+
+def test_symbols_in_comments_and_docstrings_exist() -> None:
+    """A comment that names a symbol rather than a file stays true: the symbol is checked.
+
+    In every module of ``outbox/`` (the migrations' comments too, not their SQL),
+    a name of the outbox's own is checked wherever it is written: ``outbox.`` and
+    the rest, or short, as its module would look it up (``settling.Settling`` in
+    ``outbox/worker/``). A short name whose first part the module does not know
+    as the outbox's (``time.monotonic``, ``e.g``) is prose, and left alone.
+    """
+    perms = permissions()
+    modules = [p for p in tracked() if p.startswith("outbox/") and p.endswith(".py")]
+    missing = set()
+    for path in modules:
+        module = path.removesuffix(".py").removesuffix("/__init__").replace("/", ".")
+        for n, text in comments_and_docstrings(path):
+            for name in DOTTED.findall(text):
+                if name.rstrip(".") not in perms and not importable(name.rstrip(".")):
+                    missing.add(f"{path}:{n}: {name}")
+            for name in SHORT.findall(text) + ROLE.findall(text):
+                if name.split(".")[0] == "outbox" or name in PROSE_NAMES:
+                    continue  # checked above, or prose
+                if short_name_found(module, name) is False:
+                    missing.add(f"{path}:{n}: {name}")
+    assert not missing, "symbols named but not there:\n" + "\n".join(sorted(missing))
+
+
+def test_each_kind_of_symbol_is_looked_up() -> None:
+    module = "outbox.worker.outcomes"
+    assert short_name_found(module, "settling.Settling.alone") is True  # a module of its package
+    assert short_name_found(module, "settling.Settling.gone") is False
+    assert short_name_found(module, "settling.py") is False  # a file named the old way
+    assert short_name_found(module, "Settlement.outcome") is True  # a name it binds
+    assert short_name_found(module, "time.monotonic") is None  # not the outbox's
+    assert short_name_found("outbox.compat.email", "email.message.Message") is None  # the library
+    assert importable("outbox.models.Delivery.recipient")  # a model's field
+    assert importable("outbox.models.Email.deliveries")  # and a relation's other end
+    assert not importable("outbox.models.Delivery.recipients")
 
 
 def test_named_settings_exist() -> None:
