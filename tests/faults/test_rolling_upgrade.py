@@ -30,8 +30,6 @@ from collections import Counter
 from datetime import datetime
 from pathlib import Path
 
-import pytest
-
 from outbox import enqueue_email
 from outbox.models import Delivery, Email, EmailTemplate
 from tests.cells import slow_processes
@@ -129,7 +127,9 @@ class Processes:
 
 def statuses(*names: str) -> Counter[str]:
     recipients = [f"{name}@example.com" for name in names]
-    return Counter(Delivery.objects.filter(recipient__in=recipients).values_list("status", flat=True))
+    return Counter(
+        Delivery.objects.filter(recipient__in=recipients).values_list("status", flat=True)
+    )
 
 
 def settled(*names: str) -> bool:
@@ -323,11 +323,21 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
     # Each as written, whichever release wrote it and whichever sent it.
     for name in ("old1-drop", "new2-drop", "new2-secret", "old3-drop", "old4-drop", "new5-drop"):
         check_drop_in(smtp_server, name)
-    for name in ("old1-template", "new2-template", "old3-template", "old4-template", "new5-template"):
+    for name in (
+        "old1-template",
+        "new2-template",
+        "old3-template",
+        "old4-template",
+        "new5-template",
+    ):
         check_template(smtp_server, name)
     for report in (old_1, new_2, new_5):
         for name, due in report["send_at"].items():
             check_scheduled(smtp_server, name, due)
+    # The current sweeper said whom it waited for before it cleared the sensitive content.
+    assert "content retention waits: workers of an earlier release are running (old-a#" in (
+        new_sweeper.output()
+    )
     # Rows of each release were sent by workers of each.
     assert senders("new2-drop", "new2-template", "new2-secret") == {"old-a"}
     assert "new-1" in senders("new5-drop", "new5-template", "new5-later")
