@@ -9,10 +9,14 @@ rolling upgrade (the README's "Upgrading"). It is dropped one release later.
 way; the squashed migration, which a new database gets, never creates them,
 and no migration of this release drops them.
 
-This check names every function of those four names whose signature is not
-one this release calls, and says when it is safe to drop: no process of this
-release or of the previous one (0.1.0) calls one, so only a process older
-than that could. Like E025, it runs with ``check --deploy --database ALIAS``.
+This check names every function of those four names that neither this
+release calls (:data:`CURRENT`) nor keeps for the previous release's
+processes (:data:`KEPT`), and says when it is safe to drop: no process of
+this release or of :data:`PREVIOUS` calls one, so only a process older than
+that could. A release that changes a function's arguments moves the old
+signature from ``CURRENT`` to ``KEPT``; the next one drops it by a migration
+and empties ``KEPT``. Like E025, it runs with
+``check --deploy --database ALIAS`` and as the worker starts.
 """
 
 from __future__ import annotations
@@ -35,7 +39,14 @@ CURRENT = (
     " timestamptz, timestamptz, text, text, text, varchar, jsonb)",
 )
 
-# Every function of the outbox's names in the migrated schema but the current ones,
+# The previous release, whose processes may still run during an upgrade.
+PREVIOUS = "0.1.0"
+
+# The previous release's functions this release keeps for those processes, though it
+# calls others: none, 0.1.0's four are this release's.
+KEPT: tuple[str, ...] = ()
+
+# Every function of the outbox's names in the migrated schema but those called or kept,
 # in PostgreSQL's own spelling of a signature (what DROP FUNCTION takes).
 _EARLIER = """
 SELECT p.oid::regprocedure::text FROM pg_proc p
@@ -49,12 +60,12 @@ ORDER BY 1
 
 
 def earlier_functions(alias: str) -> list[str]:
-    """The signatures of the outbox's functions on ``alias`` that this release does not call."""
+    """The signatures of the outbox's functions on ``alias`` neither called nor kept."""
     connection = connections[alias]
     if connection.vendor != "postgresql":
         return []
     with connection.cursor() as cursor:
-        cursor.execute(_EARLIER, [list(CURRENT)])
+        cursor.execute(_EARLIER, [[*CURRENT, *KEPT]])
         return [row[0] for row in cursor.fetchall()]
 
 
@@ -76,9 +87,9 @@ def check_earlier_functions(
         if found:
             warnings.append(
                 Warning(
-                    "The database holds functions of an outbox release before 0.1.0, which no "
-                    f"process of this release or of 0.1.0 calls: {', '.join(found)}.",
-                    hint="Safe to drop once every process runs 0.1.0 or later: "
+                    f"The database holds functions of an outbox release before {PREVIOUS}, which "
+                    f"no process of this release or of {PREVIOUS} calls: {', '.join(found)}.",
+                    hint=f"Safe to drop once every process runs {PREVIOUS} or later: "
                     + " ".join(f"DROP FUNCTION {signature};" for signature in found),
                     id="outbox.W016",
                 )
