@@ -405,15 +405,17 @@ class Sweeper:
     # -- 5. content retention (its rules are retention.py) -----------------------------
 
     def _clear_content(self, report: SweepReport) -> None:
-        earlier = self.queue.earlier_releases()
+        earlier = sorted(self.queue.earlier_releases())  # not by heartbeat: logged on change
         if earlier != self._waiting_for:
             self._waiting_for = earlier
             if earlier:
                 logger.info(
                     "content retention waits: workers of an earlier release are running (%s); "
                     "they would send an email whose content is cleared empty",
-                    ", ".join(sorted(earlier)),
+                    ", ".join(earlier),
                 )
+            else:
+                logger.info("content retention resumes: no worker of an earlier release is left")
         if not earlier:
             report.content_cleared = retention.clear_content(
                 from_timestamp(self.queue.time()), self._keep_lease

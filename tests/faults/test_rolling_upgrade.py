@@ -36,6 +36,7 @@ from pathlib import Path
 
 from outbox import enqueue_email
 from outbox.models import Delivery, Email, EmailTemplate
+from outbox.queue import RedisQueue
 from tests.cells import slow_processes
 from tests.processes import Run, process_state
 from tests.releases import Release, build_previous_release, current_release
@@ -219,6 +220,9 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
             previous, "outbox_worker", "--worker-id", "old-a", "--concurrency", "2", **smtp
         )
         old_sweeper = processes.start(previous, "outbox_sweep", "--loop", "0.5")
+        # The old worker runs the old code too: it registers without a release level.
+        queue = RedisQueue()
+        wait_until(lambda: [w.split("#")[0] for w in queue.earlier_releases()] == ["old-a"], 30)
         old_1 = web(
             previous,
             ("drop-in", "old1-drop", None),
@@ -288,6 +292,8 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
         new_1 = processes.start(
             current, "outbox_worker", "--worker-id", "new-1", "--concurrency", "2", **smtp
         )
+        wait_until(lambda: any(w.startswith("new-1#") for w in queue.live_workers()), 30)
+        assert not any(w.startswith("new-1#") for w in queue.earlier_releases())
         old_4 = web(
             previous,
             ("drop-in", "old4-drop", None),
