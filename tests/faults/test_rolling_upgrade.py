@@ -227,7 +227,7 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
             previous,
             ("drop-in", "old1-drop", None),
             ("template", "old1-template", None),
-            ("scheduled", "old1-later", 8),
+            ("scheduled", "old1-later", 4),
             *[("plain", f"old1-plain{i}", None) for i in range(4)],
         )
         wait_until(lambda: settled("old1-drop", "old1-template", "old1-plain0"), 30)
@@ -238,7 +238,7 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
             current,
             ("drop-in", "new2-drop", None),
             ("template", "new2-template", None),
-            ("scheduled", "new2-later", 8),
+            ("scheduled", "new2-later", 4),
             ("drop-in", "new2-secret", "sensitive, later"),
             ("cancel", "new2-secret", None),
         )
@@ -261,7 +261,9 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
             ("drop-in", "old3-drop", None),
             ("template", "old3-template", None),
         )
-        wait_until(lambda: settled("new2-secret", "new2-drop", "old3-drop", "old3-template"), 30)
+        # Everything so far settled (the scheduled ones too): the old worker below can
+        # only take the rows written for it.
+        wait_until(lambda: settled(*old_1["ids"], *new_2["ids"], "old3-drop", "old3-template"), 30)
         assert old_a.proc.poll() is None, old_a.output()
 
         # 3. An old worker its supervisor restarted mid-deploy is killed mid-send: the
@@ -326,6 +328,9 @@ def test_rolling_upgrade(tmp_path: Path, smtp_server: SMTPRecorder) -> None:
         Status.SENT: len(deliveries) - 1,
         Status.ABANDONED: 1,  # the killed worker's, left for review: it had been sent
     }
+    abandoned = Delivery.objects.get(status=Status.ABANDONED)
+    assert abandoned.recipient in [f"{name}@example.com" for name in victims]
+    assert abandoned.worker_id.startswith("old-b#")
     counts = smtp_server.by_message_id()
     assert sorted(counts.values()) == [1] * len(deliveries)
     assert set(counts) == {d.message_id for d in deliveries}
