@@ -1,7 +1,7 @@
 """System checks: a misconfigured outbox fails at ``manage.py check``, not at the first email.
 
 One module per concern, each check registered on its own (``settings``,
-``redis``, ``database``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
+``redis``, ``database``, ``functions``, ``delivery``, ``mailers``, ``esp``, ``sending``, ``content``,
 ``reconcilers``, ``retention``, ``sqlite``, ``urls``, ``valve``); importing this package
 registers them all (``OutboxConfig.ready``). Every ID, with what it means and how to fix it, is
 listed in one table: the README's "System checks" section. Messages are in
@@ -13,6 +13,7 @@ from . import (
     database,
     delivery,
     esp,
+    functions,
     mailers,
     reconcilers,
     redis,
@@ -29,6 +30,7 @@ __all__ = [
     "database",
     "delivery",
     "esp",
+    "functions",
     "mailers",
     "reconcilers",
     "redis",

@@ -20,6 +20,9 @@ and scripts stay legal on Redis Cluster:
 ``{p}:claims:<worker>``        each thread's last claim, so a retried claim
                                whose reply was lost gets the same ids
 ``{p}:workers``                sorted set of live incarnations, score = last heartbeat
+``{p}:releases``               hash: incarnation -> the :data:`RELEASE_LEVEL` of the
+                               release it runs, written before it registers; an
+                               incarnation without one runs an earlier release
 ``{p}:dead``                   incarnations declared dead, not yet cleaned up
 ``{p}:sweep-lock``             the sweeper's lease
 ``{p}:mirror``                 hash: the sweeper's bookkeeping of the mirror
@@ -88,6 +91,17 @@ PUSH_CHUNK = 1000
 # Elements per LRANGE/ZRANGE page when the full check reads what Redis holds.
 SCAN_PAGE = 10_000
 
+# What a worker of this release can be given, announced at its registration in
+# ``{p}:releases`` so that the current release writes nothing an earlier one's
+# workers, still running during a rolling upgrade, would mishandle (the
+# README's "Upgrading"). 0.1.0's workers announce nothing: level 1. Level 2: a
+# worker refuses an email whose content the sweeper cleared
+# (``mail/structure.py``, ``refuse_cleared``), which 0.1.0's would send empty;
+# so the sweeper clears no content while a worker below it is registered
+# (``sweeper/sweep.py``). A release that writes something new of that kind
+# raises the level and waits the same way.
+RELEASE_LEVEL = 2
+
 
 class RedisQueue:
     """Key names and atomic operations of one outbox's Redis mirror."""
@@ -101,6 +115,7 @@ class RedisQueue:
         self.scheduled_key = f"{tag}:scheduled"
         self.ready_keys = [f"{tag}:ready:{name}" for name in PRIORITIES]
         self.workers_key = f"{tag}:workers"
+        self.releases_key = f"{tag}:releases"
         self.dead_key = f"{tag}:dead"
         self.wake_key = f"{tag}:wake"
         self.lock_key = f"{tag}:sweep-lock"
@@ -256,15 +271,23 @@ class RedisQueue:
         Deregistering never deletes ids still in the processing list: the
         incarnation is then declared dead so that the sweeper settles them.
         """
-        return int(
+        given = int(
             self._script("give_back")(
                 keys=self._keys(worker_id),
                 args=[worker_id, 1 if deregister else 0, len(acks), *acks, *entry_args(entries)],
             )
         )
+        if deregister:  # no longer live: its level says nothing more
+            self.redis.hdel(self.releases_key, worker_id)
+        return given
 
     def register(self, worker_id: str) -> float:
-        """Register an incarnation; returns Redis time."""
+        """Register an incarnation, with this release's level; returns Redis time.
+
+        The level first: a registered incarnation of this release always has
+        it (:meth:`earlier_releases`).
+        """
+        self.redis.hset(self.releases_key, worker_id, RELEASE_LEVEL)
         return float(self._script("register")(keys=self._keys(), args=[worker_id]))
 
     def heartbeat(self, worker_id: str) -> tuple[float, bool]:
@@ -315,10 +338,20 @@ class RedisQueue:
         return [int(i) for i in self.redis.lrange(self.processing_key(worker_id), 0, -1)]
 
     def reap(self, worker_id: str, requeue: Sequence[QueueEntry]) -> int:
-        """Push back ``requeue`` and forget the dead incarnation's list and entry."""
-        return int(
+        """Push back ``requeue`` and forget the dead incarnation's list, entry and level."""
+        pushed = int(
             self._script("reap")(keys=self._keys(worker_id), args=[worker_id, *entry_args(requeue)])
         )
+        self.redis.hdel(self.releases_key, worker_id)
+        return pushed
+
+    def earlier_releases(self) -> list[str]:
+        """Live incarnations of a release below :data:`RELEASE_LEVEL` (none announced)."""
+        live = list(self.live_workers())
+        if not live:
+            return []
+        levels = cast(list[bytes | None], self.redis.hmget(self.releases_key, live))
+        return [w for w, level in zip(live, levels, strict=True) if int(level or 1) < RELEASE_LEVEL]
 
     def waiting_ids(self) -> set[int]:
         """Every id in a ready list or ``scheduled``, read page by page.

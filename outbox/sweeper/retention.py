@@ -37,6 +37,8 @@ A requeue needs the content (``transitions.CONTENT``): it skips a cleared row.
 A row queued without content all the same (a previous release's requeue during
 a rolling upgrade, a hand-written UPDATE) is failed by its worker, "its
 content was cleared": never an empty message (``outbox.mail.structure.refuse_cleared``).
+A previous release's worker would send it empty, so no content is cleared
+while one is registered (``sweep.Sweeper._clear_content``).
 """
 
 from __future__ import annotations

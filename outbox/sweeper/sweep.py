@@ -19,7 +19,9 @@ The database is the truth; a pass makes Redis and the rows agree again:
    (``reconcile``).
 5. **Content retention**: the content of settled mail is cleared after
    ``OUTBOX["CONTENT_RETENTION"]``, a sensitive email's at once; the rows stay
-   (``retention``).
+   (``retention``). Not while a worker of an earlier release is registered
+   (a rolling upgrade: ``queue/reliable.py``, ``RELEASE_LEVEL``), which would
+   send a cleared email empty if an earlier release's requeue gave it one.
 6. **Row retention** (optional): sent rows past an age are deleted in batches.
 
 Rows that were processing when their worker died become ``abandoned`` under
@@ -137,6 +139,8 @@ class Sweeper:
         self.timeout = outbox_settings.HEARTBEAT_TIMEOUT if timeout is None else timeout
         self.lease = max(60.0, 4 * self.timeout)
         self._token = ""
+        # The earlier release's workers the content retention last waited for (logged on change).
+        self._waiting_for: list[str] = []
 
     def run_pass(
         self, *, full_mirror_check: bool = False, purge_sent_older_than: float | None = None
@@ -164,9 +168,7 @@ class Sweeper:
             self._reconcile(report)
             self._rebuild_mirror(report, force_full=full_mirror_check)
             report.promoted += self.queue.promote()
-            report.content_cleared = retention.clear_content(
-                from_timestamp(self.queue.time()), self._keep_lease
-            )
+            self._clear_content(report)
             if purge_sent_older_than is not None:
                 report.purged = self.purge_sent(purge_sent_older_than)
         except RedisError as exc:
@@ -401,7 +403,26 @@ class Sweeper:
         report.full_mirror_check, pushed = Mirror(self.queue, self._keep_lease).repair(force_full)
         report.remirrored += pushed
 
-    # -- 6. row retention (5, the content's, is retention.clear_content) ----------------
+    # -- 5. content retention (its rules: retention.clear_content) --------------------
+
+    def _clear_content(self, report: SweepReport) -> None:
+        earlier = sorted(self.queue.earlier_releases())  # not by heartbeat: logged on change
+        if earlier != self._waiting_for:
+            self._waiting_for = earlier
+            if earlier:
+                logger.info(
+                    "content retention waits: workers of an earlier release are running (%s); "
+                    "they would send an email whose content is cleared empty",
+                    ", ".join(earlier),
+                )
+            else:
+                logger.info("content retention resumes: no worker of an earlier release is left")
+        if not earlier:
+            report.content_cleared = retention.clear_content(
+                from_timestamp(self.queue.time()), self._keep_lease
+            )
+
+    # -- 6. row retention ---------------------------------------------------------------
 
     def purge_sent(self, older_than_days: float) -> int:
         """Delete sent rows (and their attempts) older than the age, in batches.

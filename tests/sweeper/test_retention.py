@@ -217,6 +217,25 @@ def test_a_worker_never_sends_an_empty_message(outbox, queue, outbox_mail):
     assert outbox_mail == []
 
 
+def test_no_content_is_cleared_while_a_worker_of_an_earlier_release_runs(outbox, queue):
+    """A rolling upgrade: 0.1.0's workers announce no release level, and would send a
+    cleared email empty if that release's requeue gave them one (queue/reliable.py)."""
+    [row] = enqueue_email("Your code", MARKER, None, ["a@example.com"], sensitive=True)
+    operations.cancel([row.pk], "admin:test")
+    queue.register("current#1")  # this release's worker: its level first
+    # 0.1.0's registration, as its register.lua writes it: no level.
+    queue.redis.zadd(queue.workers_key, {"earlier#1": queue.time()})
+    assert queue.earlier_releases() == ["earlier#1"]
+    assert "content cleared" not in sweep()
+    assert ("outbox_email", "body") in where_marker()
+    queue.give_back("earlier#1", [], deregister=True)  # the old worker stops
+    assert queue.earlier_releases() == []
+    assert "content cleared 1" in sweep()
+    assert where_marker() == set()
+    queue.give_back("current#1", [], deregister=True)
+    assert queue.redis.hlen(queue.releases_key) == 0  # a level lives as long as its incarnation
+
+
 # -- the admin -------------------------------------------------------------------------
 
 
