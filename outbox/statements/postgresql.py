@@ -97,12 +97,14 @@ WITH ids AS MATERIALIZED (
     FROM generate_series(1, %(count)s) AS g
 ), email AS (
     INSERT INTO outbox_email (id, subject, body, html_message, from_email, reply_to, headers,
-        mailer, created_at)
+        mailer, trace_context, created_at)
     SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
-        e.mailer, now()
+        e.mailer, e.trace_context::jsonb, now()
     FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
-        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[])
-        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer, item)
+        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[],
+        %(trace_contexts)s::text[])
+        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer,
+            trace_context, item)
     JOIN ids USING (item)
     RETURNING id
 )

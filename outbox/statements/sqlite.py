@@ -66,8 +66,8 @@ TAKE_WRITE_LOCK = "DELETE FROM outbox_email WHERE 0"
 # of ORDER BY, so the sorted ids pair with the items.
 ENQUEUE_MANY_EMAILS = """
 INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers, mailer,
-    created_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'), %s
+    trace_context, created_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), %s
 FROM json_each(%s) ORDER BY key
 RETURNING id
 """
