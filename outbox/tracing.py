@@ -15,18 +15,17 @@ package every function here is one constant check.
   to a mail server or an ESP answered before the span ends, whose server does
   not carry the context further (the message's creation context is the
   enqueuing request's, stored with it; so not PRODUCER, by OpenTelemetry's
-  messaging conventions). Its attributes: ``outbox.delivery.id``,
-  ``outbox.email.id``, ``outbox.mailer`` ("" is the worker's default),
-  ``outbox.attempt``, ``outbox.recipient.domain`` (never the address),
-  ``outbox.outcome`` and ``server.address``; an outcome other than ``sent``
-  (a retry, a failure, in doubt, ...) is also an event on it, a retry's with
-  its ``outbox.retry_at``.
+  messaging conventions). Its attributes, under ``outbox.``: ``delivery.id``,
+  ``email.id``, ``mailer`` ("" is the worker's default), ``attempt``,
+  ``recipient.domain`` (never the address) and ``outcome``; and
+  ``server.address``. An outcome other than ``sent`` (a retry, a failure, in
+  doubt, ...) is also an event on it, a retry's with its ``retry_at``.
 - **Settlements** (:func:`settled`): a change made outside the worker (the
   sweeper's abandonment of a worker gone mid-send, and the settlement by an
   operator, a reconciler or an ESP's event: ``operations.transition``) is a
   short span ``outbox <outcome>`` (``outbox abandoned``,
   ``outbox marked_sent``, ...), a child of the stored context, with
-  ``outbox.actor`` (its kind: ``admin``, ``sweeper``, ``reconciler``,
+  ``actor`` (its kind: ``admin``, ``sweeper``, ``reconciler``,
   ``esp``). A span, not a span event: an event needs a live span, and the
   request's and the send's ended long before, in other processes. Emails
   stored without a context get none.
