@@ -37,19 +37,25 @@ while its TracerProvider is a real one: the step's statements do not return it.
 from __future__ import annotations
 
 import functools
+import json
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Protocol
 
-from django.db import DatabaseError
+from django.db import DatabaseError, connections
 
-from .models import Delivery, Email
+from .models import Delivery, Email, outbox_alias
+from .statements import postgresql, sqlite
 from .validation.addresses import bare_address
 
 try:
     from opentelemetry import propagate, trace
 except ImportError:  # the extra is not installed: nothing is traced
     trace = None  # type: ignore[assignment]
+    _TRACER: Any = None
+else:
+    # A proxy until the site sets its TracerProvider, then that provider's tracer.
+    _TRACER = trace.get_tracer("outbox")
 
 # The context keys stored; those of the default propagators are "traceparent"
 # and "tracestate" (W3C Trace Context) and "baggage", which is left out.
@@ -87,7 +93,7 @@ class Send:
     def __enter__(self) -> Send:
         if self.delivery is None or self.email is None:
             return self
-        self.scope = _tracer().start_as_current_span(
+        self.scope = _TRACER.start_as_current_span(
             "outbox send",
             context=propagate.extract(_context(self.email.pk) or {}),
             kind=trace.SpanKind.CLIENT,
@@ -148,10 +154,9 @@ def settled(ids: list[int], outcome: str, actor: str) -> None:
         .values_list("pk", "recipient", "attempts", "email__mailer", "email__trace_context")
         .iterator()
     )
-    tracer = _tracer()
     kind = actor.split(":", 1)[0]  # "admin:<user>": the user's name stays out
     for pk, recipient, attempts, mailer, context in rows:
-        tracer.start_span(
+        _TRACER.start_span(
             f"outbox {outcome}",
             context=propagate.extract(context),
             kind=trace.SpanKind.INTERNAL,
@@ -177,10 +182,6 @@ def _provided() -> bool:
     )
 
 
-def _tracer() -> Any:
-    return trace.get_tracer("outbox")
-
-
 def _context(email_id: int) -> dict[str, str] | None:
     try:
         return _stored(email_id)
@@ -190,5 +191,16 @@ def _context(email_id: int) -> dict[str, str] | None:
 
 @functools.lru_cache(maxsize=4096)
 def _stored(email_id: int) -> dict[str, str] | None:
-    """An email's stored trace context; it never changes once written."""
-    return Email.objects.filter(pk=email_id).values_list("trace_context", flat=True).first()
+    """An email's stored trace context; it never changes once written.
+
+    One plain statement (``TRACE_CONTEXT``): the ORM's building of the same
+    query cost the worker more than running it.
+    """
+    connection = connections[outbox_alias()]
+    statements = postgresql if connection.vendor == "postgresql" else sqlite
+    with connection.cursor() as cursor:
+        cursor.execute(statements.TRACE_CONTEXT, [email_id])
+        row = cursor.fetchone()
+    value = row[0] if row else None
+    # A plain cursor returns JSON columns as text (Django's loader on PostgreSQL).
+    return json.loads(value) if isinstance(value, str | bytes) else value

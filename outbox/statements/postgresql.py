@@ -12,7 +12,7 @@ What is here, in the order an email meets it:
   ``STEPS_CALL``: several threads' steps in one statement (one commit);
 - ``EMAIL``: an email's content, for the worker's general path (any outcome
   other than a success), which runs the step's two transitions one by one
-  (``outbox/transitions/``);
+  (``outbox/transitions/``); ``TRACE_CONTEXT`` its trace context, when traced;
 - the PL/pgSQL functions behind the ``..._CALL`` statements are created by
   migration ``outbox/migrations/0017_postgresql_functions.py``, which holds
   their DDL (a new database: its copy in the squashed migration,
@@ -160,3 +160,7 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
     e.structure
 FROM outbox_email e WHERE e.id = %s
 """
+
+# An email's trace context, for the worker's send span (outbox/tracing.py); read
+# only while the worker traces: the step's statements do not return it.
+TRACE_CONTEXT = "SELECT trace_context FROM outbox_email WHERE id = %s"

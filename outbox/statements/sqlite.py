@@ -3,6 +3,7 @@
 - ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
   step's two UPDATEs are rendered from the table by ``outbox.transitions.hotpath``);
 - ``EMAIL``: an email's content, when the claim did not bring it;
+  ``TRACE_CONTEXT`` its trace context, when the worker traces;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
 
@@ -49,6 +50,10 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
     e.structure
 FROM outbox_email e WHERE e.id = %s
 """
+
+# An email's trace context, for the worker's send span (outbox/tracing.py); read
+# only while the worker traces: the step's statements do not return it.
+TRACE_CONTEXT = "SELECT trace_context FROM outbox_email WHERE id = %s"
 
 # -- enqueueing ---------------------------------------------------------------------------
 
