@@ -127,12 +127,12 @@ class Sender:
         """Hand the message to its mailer's backend; returns the outcome to write."""
         # A span on the enqueuing request's trace, when OpenTelemetry records (tracing.py).
         with tracing.sending(started.delivery, started.email) as span:
-            settlement = self.hand_over(started)
+            settlement = self.deliver_untraced(started)
             span.settled(settlement)
         return settlement
 
-    def hand_over(self, started: Started) -> Settlement:
-        """:meth:`deliver`, untraced."""
+    def deliver_untraced(self, started: Started) -> Settlement:
+        """:meth:`deliver` without its span."""
         try:
             link = self.connections.get(started.email.mailer)
             link.ensure_open()
