@@ -167,7 +167,7 @@ def _transition_chunk(
             transaction.on_commit(
                 partial(_after_commit, to, entries, workers, actor, error), using=using
             )
-            # On the email's trace, when OpenTelemetry records (tracing.py).
+            # On the email's trace, when OpenTelemetry records (outbox.tracing.settled).
             changed = result.changed
             transaction.on_commit(
                 partial(tracing.settled, changed, str(change.logged_as or to), actor), using=using

@@ -64,7 +64,7 @@ class Prepared:
     # Content cleared as soon as every delivery is settled (outbox.enqueue.sensitive).
     sensitive: bool = False
     # The caller's trace context, taken where the input is validated, in the
-    # caller's own context (outbox/tracing.py); None when not traced.
+    # caller's own context (outbox.tracing.carrier); None when not traced.
     trace_context: dict[str, str] | None = field(default_factory=tracing.carrier)
 
 

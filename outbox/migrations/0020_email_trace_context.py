@@ -1,4 +1,4 @@
-"""Traces: ``Email.trace_context``, the trace context of the code that enqueued (``outbox/tracing.py``).
+"""Traces: ``Email.trace_context``, the trace context of the code that enqueued (``outbox.tracing``).
 
 Nullable, with no default in the database: adding it rewrites nothing, and a
 previous release's inserts during a rolling upgrade leave it NULL (untraced).

@@ -161,6 +161,6 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
 FROM outbox_email e WHERE e.id = %s
 """
 
-# An email's trace context, for the worker's send span (outbox/tracing.py); read
+# An email's trace context, for the worker's send span (outbox.tracing.sending); read
 # only while the worker traces: the step's statements do not return it.
 TRACE_CONTEXT = "SELECT trace_context FROM outbox_email WHERE id = %s"

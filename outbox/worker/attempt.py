@@ -125,7 +125,7 @@ class Sender:
 
     def deliver(self, started: Started) -> Settlement:
         """Hand the message to its mailer's backend; returns the outcome to write."""
-        # A span on the enqueuing request's trace, when OpenTelemetry records (tracing.py).
+        # A span on the enqueuing request's trace, when OpenTelemetry records (outbox.tracing.sending).
         with tracing.sending(started.delivery, started.email) as span:
             settlement = self.deliver_untraced(started)
             span.settled(settlement)
