@@ -22,7 +22,7 @@ from django.db import connections, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
-from . import signals, transitions
+from . import signals, tracing, transitions
 from .db import database_now
 from .exceptions import OutboxError
 from .models import WORKER_ID_MAX_LENGTH, Attempt, Delivery, instant, outbox_alias
@@ -166,6 +166,11 @@ def _transition_chunk(
             workers = {row.pk: row.worker_id for row in rows}
             transaction.on_commit(
                 partial(_after_commit, to, entries, workers, actor, error), using=using
+            )
+            # On the email's trace, when OpenTelemetry records (outbox.tracing.settled).
+            changed = result.changed
+            transaction.on_commit(
+                partial(tracing.settled, changed, str(change.logged_as or to), actor), using=using
             )
     return result
 

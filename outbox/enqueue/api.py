@@ -254,6 +254,7 @@ def write_one(p: Prepared) -> list[Delivery]:
         and not p.attachments
         and not stopped
         and not p.sensitive  # the statement's function has no such argument
+        and p.trace_context is None  # nor this one
         and connections[using].vendor == "postgresql"
     ):
         return _write_postgresql(p, using, now, not_before, domain)
@@ -427,6 +428,7 @@ def _email(p: Prepared, now: datetime) -> Email:
         mailer=p.mailer,
         structure=p.structure,
         sensitive=p.sensitive,
+        trace_context=p.trace_context,
         created_at=now,
     )
 

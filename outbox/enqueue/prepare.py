@@ -20,6 +20,7 @@ from django.conf import settings
 from django.utils import timezone
 from django.utils.translation import gettext as _
 
+from .. import tracing
 from ..conf import PRIORITIES, outbox_settings
 from ..mail.mailers import delivery_mailers, is_delivery_mailer
 from ..mail.structure import File
@@ -62,6 +63,9 @@ class Prepared:
     message_id: str | None = None  # the sender's own Message-ID header
     # Content cleared as soon as every delivery is settled (outbox.enqueue.sensitive).
     sensitive: bool = False
+    # The caller's trace context, taken where the input is validated, in the
+    # caller's own context (outbox.tracing.carrier); None when not traced.
+    trace_context: dict[str, str] | None = field(default_factory=tracing.carrier)
 
 
 def prepare(

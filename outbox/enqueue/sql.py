@@ -201,6 +201,7 @@ def insert_many(
             reply_to=r.prepared.reply_to,
             headers=r.prepared.headers,
             mailer=r.prepared.mailer,
+            trace_context=r.prepared.trace_context,
             created_at=now,
         )
         for r in rows
@@ -262,6 +263,7 @@ def insert_many(
 
 def _postgresql_params(rows: Sequence[BulkRow]) -> dict[str, Any]:
     ps = [r.prepared for r in rows]
+    contexts = [p.trace_context for p in ps]
     per_delivery: dict[str, list[Any]] = {
         name: []
         for name in (
@@ -299,6 +301,7 @@ def _postgresql_params(rows: Sequence[BulkRow]) -> dict[str, Any]:
         "reply_tos": [json.dumps(p.reply_to) for p in ps],
         "headers": [json.dumps(p.headers) for p in ps],
         "mailers": [p.mailer for p in ps],
+        "trace_contexts": [None if c is None else json.dumps(c) for c in contexts],
         "queued": Delivery.Status.QUEUED,
         "cancelled": Delivery.Status.CANCELLED,
         **per_delivery,
@@ -316,6 +319,7 @@ def _emails_json(rows: Sequence[BulkRow]) -> str:
                 json.dumps(r.prepared.reply_to),
                 json.dumps(r.prepared.headers),
                 r.prepared.mailer,
+                r.prepared.trace_context,  # an object, or null: stored as its JSON
             ]
             for r in rows
         ]

@@ -53,6 +53,12 @@ class Email(models.Model):
     # next pass), not after CONTENT_RETENTION: a password reset, a login code.
     # The database default serves a previous release's inserts during an upgrade.
     sensitive = models.BooleanField(_("sensitive"), default=False, db_default=False, editable=False)
+    # The trace context of the code that enqueued it (outbox.tracing: W3C
+    # traceparent and tracestate), for the worker's send span; NULL when that
+    # code was not traced or OpenTelemetry is not installed.
+    trace_context = models.JSONField(
+        _("trace context"), null=True, blank=True, default=None, editable=False
+    )
     # When the sweeper cleared the content (module docstring); NULL while it is kept.
     content_cleared_at = models.DateTimeField(
         _("content cleared"), null=True, blank=True, editable=False

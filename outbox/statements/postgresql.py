@@ -12,7 +12,7 @@ What is here, in the order an email meets it:
   ``STEPS_CALL``: several threads' steps in one statement (one commit);
 - ``EMAIL``: an email's content, for the worker's general path (any outcome
   other than a success), which runs the step's two transitions one by one
-  (``outbox/transitions/``);
+  (``outbox/transitions/``); ``TRACE_CONTEXT`` its trace context, when traced;
 - the PL/pgSQL functions behind the ``..._CALL`` statements are created by
   migration ``outbox/migrations/0017_postgresql_functions.py``, which holds
   their DDL (a new database: its copy in the squashed migration,
@@ -97,12 +97,14 @@ WITH ids AS MATERIALIZED (
     FROM generate_series(1, %(count)s) AS g
 ), email AS (
     INSERT INTO outbox_email (id, subject, body, html_message, from_email, reply_to, headers,
-        mailer, created_at)
+        mailer, trace_context, created_at)
     SELECT ids.id, e.subject, e.body, e.html, e.sender, e.reply_to::jsonb, e.headers::jsonb,
-        e.mailer, now()
+        e.mailer, e.trace_context::jsonb, now()
     FROM unnest(%(subjects)s::text[], %(bodies)s::text[], %(htmls)s::text[],
-        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[])
-        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer, item)
+        %(senders)s::text[], %(reply_tos)s::text[], %(headers)s::text[], %(mailers)s::text[],
+        %(trace_contexts)s::text[])
+        WITH ORDINALITY AS e(subject, body, html, sender, reply_to, headers, mailer,
+            trace_context, item)
     JOIN ids USING (item)
     RETURNING id
 )
@@ -158,3 +160,7 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
     e.structure
 FROM outbox_email e WHERE e.id = %s
 """
+
+# An email's trace context, for the worker's send span (outbox.tracing.sending); read
+# only while the worker traces: the step's statements do not return it.
+TRACE_CONTEXT = "SELECT trace_context FROM outbox_email WHERE id = %s"

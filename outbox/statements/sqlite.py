@@ -3,6 +3,7 @@
 - ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
   step's two UPDATEs are rendered from the table by ``outbox.transitions.hotpath``);
 - ``EMAIL``: an email's content, when the claim did not bring it;
+  ``TRACE_CONTEXT`` its trace context, when the worker traces;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
 
@@ -50,6 +51,10 @@ SELECT e.subject, e.body, e.html_message, e.from_email, e.reply_to, e.headers, e
 FROM outbox_email e WHERE e.id = %s
 """
 
+# An email's trace context, for the worker's send span (outbox.tracing.sending); read
+# only while the worker traces: the step's statements do not return it.
+TRACE_CONTEXT = "SELECT trace_context FROM outbox_email WHERE id = %s"
+
 # -- enqueueing ---------------------------------------------------------------------------
 
 # The first statement of an enqueue's own transaction: it changes nothing, but
@@ -66,8 +71,8 @@ TAKE_WRITE_LOCK = "DELETE FROM outbox_email WHERE 0"
 # of ORDER BY, so the sorted ids pair with the items.
 ENQUEUE_MANY_EMAILS = """
 INSERT INTO outbox_email (subject, body, html_message, from_email, reply_to, headers, mailer,
-    created_at)
-SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'), %s
+    trace_context, created_at)
+SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'), json_extract(value, '$[2]'), json_extract(value, '$[3]'), json_extract(value, '$[4]'), json_extract(value, '$[5]'), json_extract(value, '$[6]'), json_extract(value, '$[7]'), %s
 FROM json_each(%s) ORDER BY key
 RETURNING id
 """

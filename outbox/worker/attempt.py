@@ -34,6 +34,7 @@ from django.core.mail import EmailMessage
 from django.core.mail.backends.base import BaseEmailBackend
 from django.db import DatabaseError, transaction
 
+from .. import tracing
 from ..conf import outbox_settings
 from ..exceptions import DeliveryError, SendFencedError
 from ..mail import esp, request, valve
@@ -124,6 +125,14 @@ class Sender:
 
     def deliver(self, started: Started) -> Settlement:
         """Hand the message to its mailer's backend; returns the outcome to write."""
+        # A span on the enqueuing request's trace, when OpenTelemetry records (outbox.tracing.sending).
+        with tracing.sending(started.delivery, started.email) as span:
+            settlement = self.deliver_untraced(started)
+            span.settled(settlement)
+        return settlement
+
+    def deliver_untraced(self, started: Started) -> Settlement:
+        """:meth:`deliver` without its span."""
         try:
             link = self.connections.get(started.email.mailer)
             link.ensure_open()

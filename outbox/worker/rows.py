@@ -150,6 +150,7 @@ def email_from(pk: int, row: ContentColumns | StepColumns, using: str) -> Email:
             # Not read by the worker: a cleared email's structure says so
             # (outbox.mail.structure.CLEARED).
             "sensitive": False,
+            "trace_context": None,  # not returned: read by outbox.tracing.sending when traced
             "content_cleared_at": None,
         },
         using,

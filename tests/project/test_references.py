@@ -53,6 +53,7 @@ EXTERNAL_FILES = {
     "test_backends.py": "a file of Django's own tests/mail/",
     "test_deprecated.py": "a file of Django's own tests/mail/",
     "test_handler.py": "a file of Django's own tests/mail/",
+    "sitecustomize.py": "Python's start-up hook (the site module), written by a test for a subprocess",
 }
 
 # A path token: words and slashes ending in a scanned suffix, not part of a
