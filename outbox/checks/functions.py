@@ -1,7 +1,7 @@
 """W016: PL/pgSQL functions of an earlier release are still in the database.
 
 On PostgreSQL the migrations create the hot path's four functions
-(``outbox/statements/postgresql.py``). A migration that changes a function's
+(:mod:`outbox.statements.postgresql`). A migration that changes a function's
 arguments creates the new signature beside the old one, and keeps the old:
 the previous release's web processes call it until they restart, during a
 rolling upgrade (the README's "Upgrading"). It is dropped one release later.

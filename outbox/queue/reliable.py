@@ -96,10 +96,10 @@ SCAN_PAGE = 10_000
 # workers, still running during a rolling upgrade, would mishandle (the
 # README's "Upgrading"). 0.1.0's workers announce nothing: level 1. Level 2: a
 # worker refuses an email whose content the sweeper cleared
-# (``mail/structure.py``, ``refuse_cleared``), which 0.1.0's would send empty;
+# (``outbox.mail.structure.refuse_cleared``), which 0.1.0's would send empty;
 # so the sweeper clears no content while a worker below it is registered
-# (``sweeper/sweep.py``). A release that writes something new of that kind
-# raises the level and waits the same way.
+# (``outbox.sweeper.sweep.Sweeper._clear_content``). A release that writes
+# something new of that kind raises the level and waits the same way.
 RELEASE_LEVEL = 2
 
 

@@ -20,7 +20,7 @@ The database is the truth; a pass makes Redis and the rows agree again:
 5. **Content retention**: the content of settled mail is cleared after
    ``OUTBOX["CONTENT_RETENTION"]``, a sensitive email's at once; the rows stay
    (``retention``). Not while a worker of an earlier release is registered
-   (a rolling upgrade: ``queue/reliable.py``, ``RELEASE_LEVEL``), which would
+   (a rolling upgrade: ``outbox.queue.reliable.RELEASE_LEVEL``), which would
    send a cleared email empty if an earlier release's requeue gave it one.
 6. **Row retention** (optional): sent rows past an age are deleted in batches.
 
