@@ -19,7 +19,7 @@ from functools import partial
 from typing import Any, NamedTuple
 
 from django.db import connections, transaction
-from django.db.models import F, Q
+from django.db.models import Exists, OuterRef, Q
 from django.utils import timezone
 
 from . import signals, tracing, transitions
@@ -309,17 +309,28 @@ def esp_evidence(delivery_id: int, token: uuid.UUID) -> Attempt | None:
     )
 
 
+def reported() -> Exists:
+    """A row's current attempt has an ESP's event (a condition on ``Delivery``).
+
+    In a transition's condition it is read after the rows are locked: an
+    event is kept with its row locked (``outbox.contrib.anymail``), so it
+    either committed before that read, or waits for the transition's commit.
+    """
+    return Exists(
+        Attempt.objects.filter(
+            delivery=OuterRef("pk"),
+            claim_token=OuterRef("claim_token"),
+            actor__startswith=ESP_ACTOR,
+        )
+    )
+
+
 def evidenced(ids: Iterable[int]) -> list[int]:
     """Those of ``ids`` still ``processing`` whose current attempt has an ESP's event."""
     return list(
-        Delivery.objects.filter(
-            pk__in=list(ids),
-            status=Status.PROCESSING,
-            attempt_log__claim_token=F("claim_token"),
-            attempt_log__actor__startswith=ESP_ACTOR,
+        Delivery.objects.filter(reported(), pk__in=list(ids), status=Status.PROCESSING).values_list(
+            "pk", flat=True
         )
-        .values_list("pk", flat=True)
-        .distinct()
     )
 
 

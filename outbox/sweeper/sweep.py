@@ -291,6 +291,10 @@ class Sweeper:
         ids = self._settle_from_evidence(ids, condition, report, who, now)
         if not ids:
             return
+        # An event kept after that look (its row locked) is read again under
+        # the transition's lock: that row stays for the next pass, settled
+        # ``sent`` from it, never requeued, failed or abandoned.
+        condition &= ~Q(operations.reported())
         if self.policy == "requeue":
             result = operations.transition(
                 ids,

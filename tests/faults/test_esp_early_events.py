@@ -19,7 +19,7 @@ import pytest
 from django.core.mail import EmailMessage
 from django.utils import timezone
 
-from outbox import enqueue_email
+from outbox import enqueue_email, operations
 from outbox.models import Attempt, Delivery
 from outbox.sweeper import Sweeper
 from tests.cells import slow_processes
@@ -112,6 +112,50 @@ def test_an_event_before_its_worker_died_settles_it_sent_whatever_the_policy(
     assert row.status == Status.SENT, row.last_error
     assert row.attempt_log.filter(outcome=Outcome.MARKED_SENT, actor="sweeper").exists()
     assert len(esp.accepted_for("dies@example.com")) == 1
+
+
+def test_an_event_after_the_sweepers_look_still_stops_its_requeue(
+    esp, worker_process, queue, monkeypatch
+):
+    """The ESP's event lands between the sweeper's look for evidence and its requeue.
+
+    The look is the real query; the wrapper only posts the event (to the real
+    runserver) right after it, which is where a webhook can land on a busy
+    site. The requeue re-reads the evidence under its lock and leaves the row,
+    which the pass's look for stuck rows then settles ``sent``; before, it was
+    requeued and sent twice.
+    """
+    [row] = enqueue_email("Hi", "Body", None, ["late@example.com"])
+    proc = worker_process(
+        "--concurrency", "1", **env(esp, "requeue", OUTBOX_FAULT_POINT="after_send")
+    )
+    wait_until(lambda: process_state(proc) == "T", timeout=30)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=10)
+    [taken] = esp.accepted_for("late@example.com")
+    look = operations.evidenced
+
+    def look_then_the_event_lands(ids):
+        found = look(ids)
+        if row.pk in ids and not esp.webhook_statuses:
+            esp.post_event(taken)
+        return found
+
+    monkeypatch.setattr(operations, "evidenced", look_then_the_event_lands)
+    sweeper = Sweeper(queue=queue, timeout=1.5, policy="requeue")
+    wait_until(lambda: sweeper.run_pass().reaped, timeout=15)
+    assert esp.webhook_statuses == [200]
+    monkeypatch.undo()
+
+    def settled_by_a_pass() -> Delivery | None:
+        sweeper.run_pass()
+        current = Delivery.objects.get(pk=row.pk)
+        return current if current.status != Status.PROCESSING else None
+
+    row = wait_until(settled_by_a_pass, timeout=15)
+    assert row.status == Status.SENT, row.last_error
+    assert row.attempts == 1
+    assert len(esp.accepted_for("late@example.com")) == 1
 
 
 def test_every_row_of_a_message_is_kept_by_its_own_recipients_early_event(
