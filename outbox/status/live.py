@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..conf import PRIORITIES, outbox_settings
 from ..queue import alarm, control, ratelimit
-from ..queue.reliable import RedisQueue
+from ..queue.reliable import RELEASE_LEVEL, RedisQueue
 
 
 def read_redis(
@@ -36,7 +36,7 @@ def _read_redis(
         pipe.zcard(queue.scheduled_key)
         compare = sum(pipe.execute()) <= limit
 
-    workers, dead, names, result = _read_redis_snapshot(queue, compare)
+    workers, dead, names, levels, result = _read_redis_snapshot(queue, compare)
     ready = dict(zip(PRIORITIES, (int(n) for n in result[: len(PRIORITIES)]), strict=True))
     result = result[len(PRIORITIES) :]
     scheduled = int(result.pop(0))
@@ -53,9 +53,12 @@ def _read_redis(
                 "heartbeat_age": round(max(0.0, now - float(score)), 3),
                 "alive": now - float(score) <= timeout,
                 "held": held[_text(w)],
+                # 0.1.0's workers announce none: level 1 (RedisQueue.earlier_releases).
+                "release_level": int(levels.get(_text(w)) or 1),
             }
             for w, score in workers
         ],
+        "release_level": RELEASE_LEVEL,
         "dead_workers": [{"id": _text(w), "held": held[_text(w)]} for w in dead],
         **_sending_control(queue),
         "failures": _failures(queue),
@@ -72,8 +75,8 @@ def _read_redis(
 
 def _read_redis_snapshot(
     queue: RedisQueue, compare: bool
-) -> tuple[list[tuple[bytes, float]], list[bytes], list[str], list[Any]]:
-    """``(workers, dead workers, their names, the rest of the MULTI's replies)``.
+) -> tuple[list[tuple[bytes, float]], list[bytes], list[str], dict[str, str], list[Any]]:
+    """``(workers, dead workers, their names, release levels, the rest of the MULTI's replies)``.
 
     The rest is: the ready lists' lengths, the scheduled set's size, each named
     worker's processing list, then (with ``compare``) every ready list and the
@@ -92,6 +95,7 @@ def _read_redis_snapshot(
         pipe = redis.pipeline(transaction=True)
         pipe.zrange(queue.workers_key, 0, -1, withscores=True)
         pipe.zrange(queue.dead_key, 0, -1)
+        pipe.hgetall(queue.releases_key)
         for key in queue.ready_keys:
             pipe.llen(key)
         pipe.zcard(queue.scheduled_key)
@@ -104,7 +108,8 @@ def _read_redis_snapshot(
         result = pipe.execute()
         # Heartbeats change scores (and order), not membership.
         if {w for w, _s in result[0]} == {w for w, _s in workers} and set(result[1]) == set(dead):
-            return result[0], result[1], names, result[2:]
+            levels = {_text(k): _text(v) for k, v in result[2].items()}
+            return result[0], result[1], names, levels, result[3:]
     raise RuntimeError("the set of workers kept changing; try again")
 
 

@@ -169,6 +169,11 @@ def _render_redis(redis: dict[str, Any], agreement: dict[str, Any] | None) -> li
     )
     for worker in workers:
         state = "" if worker["alive"] else " " + _("(no heartbeat: presumed dead)")
+        if worker["release_level"] < redis["release_level"]:
+            # The README's "Upgrading": the sweeper clears no content while it runs.
+            state += " " + _("(an earlier release, level %(level)d: content is kept)") % {
+                "level": worker["release_level"]
+            }
         lines.append(
             "  "
             + _("%(id)s: heartbeat %(age)s ago, holding %(count)d%(ids)s%(state)s")

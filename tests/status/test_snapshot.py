@@ -20,6 +20,7 @@ from django.utils import timezone
 from outbox import enqueue_email
 from outbox.models import Delivery
 from outbox.queue import QueueEntry, RedisQueue
+from outbox.queue.reliable import RELEASE_LEVEL
 from outbox.status import collect, render
 from outbox.status.snapshot import COMPARE_LIMIT
 from tests.paths import ROOT
@@ -152,6 +153,22 @@ def test_dead_workers_are_listed_with_what_they_hold(queue):
     assert report["redis"]["workers"] == []
     assert report["redis"]["dead_workers"] == [{"id": "gone", "held": [row.pk]}]
     assert report["agreement"]["ready"]["agrees"] is True  # held by the dead worker
+
+
+def test_a_worker_of_an_earlier_release_is_named_with_its_level(queue):
+    """During a rolling upgrade: 0.1.0's workers announce no level (the README's "Upgrading")."""
+    queue.register("new#1")
+    queue.register("old#1")
+    queue.redis.hdel(queue.releases_key, "old#1")  # as 0.1.0's registration leaves it
+    report = status_json()
+    levels = {w["id"]: w["release_level"] for w in report["redis"]["workers"]}
+    assert levels == {"new#1": RELEASE_LEVEL, "old#1": 1}
+    assert report["redis"]["release_level"] == RELEASE_LEVEL
+    text = render(collect())
+    [old] = [line for line in text.splitlines() if "old#1:" in line]
+    [new] = [line for line in text.splitlines() if "new#1:" in line]
+    assert "(an earlier release, level 1: content is kept)" in old
+    assert "earlier release" not in new
 
 
 def test_empty_outbox():
