@@ -5,17 +5,19 @@ takes the ids of a claim (``loop.SenderLoop.pending``), and carries its own
 state from there, in the protocol's words:
 
 1. claimed: the id and its priority, nothing else known yet;
-2. the mark issued: its claim token, drawn at the first try and kept across
-   the retries (a step that may have committed unseen is retried, or set
-   back, under the same token), with the incarnation and the time the try was
-   issued under (:meth:`InFlight.draw_token`; ``worker_id`` and ``issued``);
+2. the mark issued: its claim token, drawn at the first try
+   (:meth:`InFlight.draw_token`) and kept across the retries (a step that may
+   have committed unseen is retried, or set back, under the same token:
+   :attr:`InFlight.tried`), and the incarnation and time of the latest try
+   (``worker_id``, whose lease fences the send, and ``issued``);
 3. marked: the row the mark returned, with its email and attachments
    (:meth:`InFlight.take_row`); only now may :attr:`InFlight.delivery` and
    :attr:`InFlight.email` be read;
 4. its outcome: a ``Settlement`` naming it (``outcomes.Settlement.flight``),
-   the thread's outcome in hand until it is settled;
+   the thread's outcome in hand (held by ``settling.Settling``) until it is
+   settled;
 5. acked: its id rides on the thread's next claim (``loop.SenderLoop.acks``),
-   and the flight is gone.
+   and the flight is gone (so is a flight held or dropped as stale).
 
 A companion (the other rows of one ESP request) is a flight of its own, made
 marked (:meth:`InFlight.companion`): in no processing list, never claimed.
