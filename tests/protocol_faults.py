@@ -25,7 +25,7 @@ The sites, and where the loop meets them:
 ``give_back``  ``worker.queue.give_back`` (``SenderLoop._give_back``)
 ``heartbeat``  ``worker.queue.heartbeat`` (``Worker.beat``)
 ``step``       ``SenderLoop._settle_and_mark`` (the step's one commit)
-``readback``   ``attempt.started_from`` (reading the claimed row back)
+``readback``   ``attempt.take_marked_row`` (reading the marked row back)
 ``settle``     the write ``persist()`` retries in ``Settling.alone`` (``worker/settling.py``)
 ``unclaim``    ``sql.unclaim`` (the gate's hold, ``_unclaim_pending``)
 
@@ -142,11 +142,11 @@ def install_on_loop(faults: Faults, loop: Any) -> None:
     step = faults.wrap("step", loop._settle_and_mark)
 
     def settle_and_mark(*args: Any, **kwargs: Any) -> Any:
-        s = loop.settlement
+        s = loop.settling.settlement
         if s is not None and faults.armed.get("step") == "refuse":
             refuse(faults, "step", s)
-        if s is not None and s.started.token in REFUSED:
-            return faults.call("step", refused_write(s.started.token))
+        if s is not None and s.flight.token in REFUSED:
+            return faults.call("step", refused_write(s.flight.token))
         return step(*args, **kwargs)
 
     loop._settle_and_mark = settle_and_mark
@@ -157,7 +157,7 @@ def refuse(faults: Faults, site: str, s: Any) -> None:
     """Fire a ``refuse`` fault: from now on, ``s``'s full write is refused for good."""
     del faults.armed[site]
     FIRED[f"{site}:refuse"] += 1
-    REFUSED.setdefault(s.started.token, 0)
+    REFUSED.setdefault(s.flight.token, 0)
     faults.on_fire(site, "refuse", None)
 
 
@@ -178,21 +178,21 @@ def active(faults: Faults | None) -> Iterator[None]:
 @contextlib.contextmanager
 def module_sites() -> Iterator[None]:
     """Patch the module-level sites for the duration of a test."""
-    real_started_from = loop_module.started_from
+    real_take_marked_row = loop_module.take_marked_row
     real_persist = settling_module.persist
     real_unclaim = getattr(sql_module, "unclaim", None)  # absent before the give-back fix
 
-    def started_from(*args: Any, **kwargs: Any) -> Any:
+    def take_marked_row(*args: Any, **kwargs: Any) -> Any:
         if _active is None:
-            return real_started_from(*args, **kwargs)
-        return _active.call("readback", real_started_from, *args, **kwargs)
+            return real_take_marked_row(*args, **kwargs)
+        return _active.call("readback", real_take_marked_row, *args, **kwargs)
 
     def persist(write: Callable[[], int], s: Any, *args: Any, **kwargs: Any) -> Any:
         faults = _active
         if faults is not None and faults.armed.get("settle") == "refuse":
             refuse(faults, "settle", s)
-        if s.started.token in REFUSED:
-            write = refused_write(s.started.token)
+        if s.flight.token in REFUSED:
+            write = refused_write(s.flight.token)
         if faults is not None and "settle" in faults.armed:
             # The first write fails (or commits and its reply is lost), then
             # persist() retries it, as it would after its own pause.
@@ -207,14 +207,14 @@ def module_sites() -> Iterator[None]:
             return real_unclaim(*args, **kwargs)
         return _active.call("unclaim", real_unclaim, *args, **kwargs)
 
-    loop_module.started_from = started_from  # type: ignore[assignment]
+    loop_module.take_marked_row = take_marked_row  # type: ignore[assignment]
     settling_module.persist = persist  # type: ignore[assignment]
     if real_unclaim is not None:
         sql_module.unclaim = unclaim  # type: ignore[attr-defined]
     try:
         yield
     finally:
-        loop_module.started_from = real_started_from  # type: ignore[assignment]
+        loop_module.take_marked_row = real_take_marked_row  # type: ignore[assignment]
         settling_module.persist = real_persist  # type: ignore[assignment]
         if real_unclaim is not None:
             sql_module.unclaim = real_unclaim  # type: ignore[attr-defined]

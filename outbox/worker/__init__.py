@@ -16,7 +16,8 @@ attempt, from its marked row to the outcome: the fenced hand-over, and the
 thread's mail connections), ``incarnation`` (who the process is now, and its
 lease), ``host`` (what the rooms need from the process), ``sql`` (the
 statements run), ``group_commit`` (the threads' steps in one commit, on the
-process's step connection), ``gate`` (rate limits and pauses), ``outcomes``
+process's step connection), ``inflight`` (one delivery in flight, from its
+claim to its ack), ``gate`` (rate limits and pauses), ``outcomes``
 (what an outcome is and how it is written), ``settling`` (an outcome written
 alone, or parked), ``report``, ``backoff``, ``alarm`` (the failure alarm's
 counts), ``cache`` (email contents), ``connections`` (delivery connections)
@@ -24,12 +25,13 @@ and ``faults`` (the one test hook).
 """
 
 from ..mail.failures import is_permanent
-from .outcomes import Settlement, Started, backoff_delay
+from .inflight import InFlight
+from .outcomes import Settlement, backoff_delay
 from .process import Worker, default_worker_id, new_incarnation, run_worker
 
 __all__ = [
+    "InFlight",
     "Settlement",
-    "Started",
     "Worker",
     "backoff_delay",
     "default_worker_id",

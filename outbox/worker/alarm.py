@@ -69,7 +69,7 @@ class FailureAlarm:
             failed = True
         else:
             return  # released or cancelled: nothing was handed over
-        mailer = s.started.email.mailer
+        mailer = s.flight.email.mailer
         with self._lock:
             tally = self._tallies.setdefault(mailer, alarm.Tally())
             tally.attempts += 1

@@ -44,7 +44,8 @@ from ..queue.clock import from_timestamp
 from ..queue.entries import QueueEntry
 from . import sql
 from .host import WorkerHost
-from .outcomes import Settlement, Started
+from .inflight import InFlight
+from .outcomes import Settlement
 
 logger = logging.getLogger("outbox.worker")
 
@@ -74,9 +75,9 @@ class Gate:
             # Redis is away: claims fail too; the last view decides the ids in hand.
             return view.current.paused
 
-    def holds(self, started: Started) -> bool:
-        """Give ``started`` back if a switch or a limit holds it; True if it did."""
-        delivery = started.delivery
+    def holds(self, flight: InFlight) -> bool:
+        """Give ``flight`` back if a switch or a limit holds it; True if it did."""
+        delivery = flight.delivery
         current, configured = self.worker.control.current, ratelimit.limits()
         if not (
             configured or current.paused_domains or current.slow_domains or current.paused_mailers
@@ -84,9 +85,9 @@ class Gate:
             return False  # the common case, once per email: nothing can hold it
         domain = ratelimit.domain_of(delivery.recipient)
         now = self.worker.clock.time()
-        until = control.hold_until(current, domain, now, started.email.mailer)
+        until = control.hold_until(current, domain, now, flight.email.mailer)
         if until is None:
-            checks = ratelimit.applicable(domain, configured, started.email.mailer)
+            checks = ratelimit.applicable(domain, configured, flight.email.mailer)
             if not checks:
                 return False
             try:
@@ -96,21 +97,21 @@ class Gate:
                 until = now + REDIS_DOWN_DELAY
             if until is None:
                 return False
-        self.give_back(started, until)
+        self.give_back(flight, until)
         return True
 
-    def give_back(self, started: Started, until: float) -> int:
+    def give_back(self, flight: InFlight, until: float) -> int:
         """Put a claimed row back to ``queued`` until ``until`` (Redis time); not an attempt."""
-        delivery = started.delivery
+        delivery = flight.delivery
         due = from_timestamp(until)
-        changed = sql.unclaim(delivery.pk, started.token, self.worker.clock.now(), due)
+        changed = sql.unclaim(delivery.pk, flight.token, self.worker.clock.now(), due)
         if changed:
             self.worker.push_quietly([QueueEntry(delivery.pk, delivery.priority, until)])
             self.worker.stats.add("held")
             logger.debug("delivery %s held until %s", delivery.pk, due.isoformat())
         return changed
 
-    def on_send_error(self, started: Started, exc: BaseException, *, connecting: bool) -> None:
+    def on_send_error(self, flight: InFlight, exc: BaseException, *, connecting: bool) -> None:
         """A 421 or 450 slows the recipient's whole domain down, not only this message.
 
         Said while ``connecting`` (the greeting, EHLO, login), it is about the
@@ -123,16 +124,16 @@ class Gate:
         """
         why = configuration_refused(exc)
         if why is not None:
-            self.pause_mailer(started.email.mailer, why)
+            self.pause_mailer(flight.email.mailer, why)
             return
         http = http_failure(exc)
         if http is not None and http.retry_after:
-            mailer = started.email.mailer
+            mailer = flight.email.mailer
             domain = f"{ratelimit.MAILER_PREFIX}{mailer}" if mailer else ratelimit.GLOBAL
             seconds = http.retry_after
         elif ratelimit.throttled(exc):
             domain = (
-                ratelimit.GLOBAL if connecting else ratelimit.domain_of(started.delivery.recipient)
+                ratelimit.GLOBAL if connecting else ratelimit.domain_of(flight.delivery.recipient)
             )
             seconds = outbox_settings.THROTTLE_PENALTY
         else:
@@ -174,7 +175,7 @@ class Gate:
         pause ends; a success through a mailer that was paused ends the pause,
         for every worker.
         """
-        mailer = settlement.started.email.mailer
+        mailer = settlement.flight.email.mailer
         paused = self.worker.control.current.paused_mailers.get(mailer)
         if paused is None:
             return settlement

@@ -3,11 +3,21 @@
 The loop reads as the protocol does (see the package docstring): each step is
 one call into the room that owns it (``sql`` for the mark, ``gate`` for a
 hold, ``attempt`` for the fenced hand-over and its outcome, ``outcomes`` and
-``settling`` for the settle, ``backoff``); this holds their order, the retries
-between them, and what the thread keeps between deliveries, in named
-attributes of :class:`SenderLoop`: the ids claimed and not yet marked
-(``pending``), the ids to ack with the next claim (``acks``), the claim tokens
-of steps to retry (``tokens``) and the outcome in hand (``settlement``).
+``settling`` for the settle, ``backoff``); this holds their order and the
+retries between them. Each claimed id is a delivery in flight
+(:class:`~outbox.worker.inflight.InFlight`), which carries its own claim
+token, marked row and outcome from the claim to the ack.
+
+What the thread keeps between deliveries, named once (:class:`SenderLoop`):
+
+- ``pending``: the deliveries in flight claimed and not yet marked, first in
+  line first (one whose mark failed goes back to the head, its token kept);
+- ``acks``: the ids settled, held or dropped since the last claim, acked by
+  the next claim (or the give-back);
+- the outcome in hand, not yet settled: the ``settlement`` of ``settling``,
+  its one owner (:class:`~outbox.worker.settling.Settling`, which also keeps
+  the outcomes it parked);
+- ``nonce``: the claim to repeat after a lost reply.
 """
 
 from __future__ import annotations
@@ -26,14 +36,15 @@ from redis.exceptions import RedisError
 
 from ..db import refused_for_good
 from ..models import Attempt, Delivery, outbox_alias
-from ..queue.entries import Claimed, QueueEntry
+from ..queue.entries import QueueEntry
 from . import rows, sql
-from .attempt import Sender, started_from
+from .attempt import Sender, take_marked_row
 from .backoff import Backoff, drop_db_connection, wait_idle
 from .faults import fault
 from .gate import Gate
 from .host import WorkerHost
-from .outcomes import Settlement, Started, write_outcome
+from .inflight import InFlight
+from .outcomes import write_outcome
 from .settling import Settling
 
 logger = logging.getLogger("outbox.worker")
@@ -45,18 +56,22 @@ Outcome = Attempt.Outcome
 class SenderLoop:
     """The claim-mark-send-settle loop of one thread of a :class:`Worker`."""
 
+    # What the thread keeps between deliveries (the module docstring).
+    pending: deque[InFlight]  # claimed, not yet marked: first in line first
+    acks: list[int]  # settled, held or dropped since the last claim: acked by the next
+    settling: Settling  # owns the outcome in hand (its settlement) and the parked ones
+    nonce: str | None  # the claim to repeat after a lost reply
+
     def __init__(self, worker: WorkerHost, index: int, backend: BaseEmailBackend | None) -> None:
         self.worker = worker
         self.index = index
-        # The default connection (``backend``) and, created on first use, one per mailer.
-        self.pending: deque[Claimed] = deque()  # claimed from Redis, not yet looked at
-        self.acks: list[int] = []  # finished since the last claim (forgotten by the next)
-        self.tokens: dict[int, uuid.UUID] = {}  # to reuse when a step must be retried
+        self.pending = deque()
+        self.acks = []
         # Claim tokens and nonces need to be unique, not secret: drawn from a
         # generator seeded once per thread, not from os.urandom() per email,
         # whose system call hands the GIL to another thread every time.
         self.random = random.Random(os.urandom(32))
-        self.nonce: str | None = None  # the claim to repeat after a lost reply
+        self.nonce = None
         # The incarnation this thread's claims were made under: once the
         # worker carries on as another, they are the sweeper's.
         self.worker_id = worker.worker_id
@@ -72,15 +87,6 @@ class SenderLoop:
         # Step 4: the outcome in hand, written alone when no next row is ready,
         # and the outcomes parked until the database takes them (settling.Settling).
         self.settling = Settling(worker, self.database, self.vendor, self._ack)
-
-    @property
-    def settlement(self) -> Settlement | None:
-        """The outcome in hand, not yet written."""
-        return self.settling.settlement
-
-    @settlement.setter
-    def settlement(self, value: Settlement | None) -> None:
-        self.settling.settlement = value
 
     def _ack(self, delivery_id: int) -> None:
         self.acks.append(delivery_id)
@@ -104,12 +110,12 @@ class SenderLoop:
                 if self.gate.paused():
                     self._hold_while_paused()
                     continue
-                started = self._mark(self.pending.popleft())
-                if started is None:
+                flight = self._mark(self.pending.popleft())
+                if flight is None:
                     continue
-                if self._held(started):
+                if self._held(flight):
                     continue
-                self.settlement = self.sender.deliver(started)
+                self.settling.settlement = self.sender.deliver(flight)
                 if self.worker.count_handled():
                     break
         finally:
@@ -165,12 +171,12 @@ class SenderLoop:
             self.worker.reincarnate(worker_id)
             return False
         if result.items:
-            self.pending.extend(result.items)
+            self.pending.extend(InFlight(c.id, c.priority) for c in result.items)
             fault("after_claim")
             return True
-        if self.settlement is not None:
+        if self.settling.settlement is not None:
             # Never wait with an outcome unwritten.
-            sent = self.settlement.outcome == Outcome.SENT
+            sent = self.settling.settlement.outcome == Outcome.SENT
             self._settle_alone()
             if not sent or self.worker.burst:
                 # Claim again: a retry or a release it pushed back may be due at once.
@@ -201,11 +207,9 @@ class SenderLoop:
             # sweeper's. A row whose claim may have committed is set back
             # first, so the sweeper does not flag a row that was never sent.
             # (An unwritten outcome is still ours: its token says so.)
-            set_back, kept = self._unclaim_pending()
+            set_back, _kept = self._unclaim_pending()
             now = self.worker.clock.time()
-            self.worker.push_quietly([QueueEntry(c.id, c.priority, now) for c in set_back])
-            for item in kept:
-                self.tokens.pop(item.id, None)
+            self.worker.push_quietly([QueueEntry(f.id, f.priority, now) for f in set_back])
             self.pending.clear()
             self.acks.clear()
             self.nonce = None
@@ -213,108 +217,107 @@ class SenderLoop:
 
     # -- step 2 (with step 4 of the previous message): mark -----------------------
 
-    def _mark(self, item: Claimed) -> Started | None:
-        """Write the previous outcome and mark ``item`` processing, in one commit.
+    def _mark(self, flight: InFlight) -> InFlight | None:
+        """Write the previous outcome and mark ``flight`` processing, in one commit.
 
-        Returns what to send, or None (a stale id, or the database is away and
-        the item waits at the head of ``pending`` with its token).
+        Returns ``flight``, marked, to send; or None (a stale id, or the
+        database is away and ``flight`` waits at the head of ``pending`` with
+        its token).
         """
-        token = self.tokens.pop(item.id, None) or self._new_token()
+        flight.draw_token(self._new_token)
         # Read before the step, as one snapshot: the row is marked under this
         # incarnation's name, and its send is fenced by that same name's lease,
         # a clock that runs while the step is blocked.
-        worker_id, begun = self.worker.incarnation().worker_id, time.monotonic()
+        flight.worker_id, flight.issued = self.worker.incarnation().worker_id, time.monotonic()
         try:
-            changed, claimed = self._settle_and_mark(item, token, worker_id)
+            changed, claimed = self._settle_and_mark(flight)
         except DatabaseError as exc:
             if refused_for_good(exc):
-                return self._refused(item, token, exc)
+                return self._refused(flight, exc)
             # Keep the outcome and the token: if the transaction did commit,
             # the retry finds both rows already written under our tokens.
-            self._again_later(item, token, exc)
+            self._again_later(flight, exc)
             return None
         self.pause.reset()
-        if self.settlement is not None:
-            self.settling.settled(self.settlement, changed)
+        s = self.settling.settlement
+        if s is not None:
+            self.settling.settled(s, changed)
         try:
-            started = started_from(self.worker, item, token, claimed, begun, worker_id)
+            marked = take_marked_row(self.worker, flight, claimed)
         except DatabaseError as exc:
             # The step committed (the outcome is written), but reading what it
-            # claimed failed: this thread's own connection, which the step does
+            # marked failed: this thread's own connection, which the step does
             # not use, may be one the server cut meanwhile. The retry, with
             # the same token, finds the row ours or skips it.
-            self._again_later(item, token, exc)
+            self._again_later(flight, exc)
             return None
-        if started is None:
-            self.acks.append(item.id)
+        if not marked:
+            self.acks.append(flight.id)
             return None
         fault("after_mark_processing")
-        return started
+        return flight
 
-    def _again_later(self, item: Claimed, token: uuid.UUID, exc: DatabaseError) -> None:
-        """The database failed ``item`` mid-way: first in line again, with its token."""
+    def _again_later(self, flight: InFlight, exc: DatabaseError) -> None:
+        """The database failed ``flight`` mid-way: first in line again, with its token."""
         drop_db_connection()
-        self.pending.appendleft(item)
-        self.tokens[item.id] = token
+        self.pending.appendleft(flight)
         self.pause.wait("the database", exc)
 
-    def _refused(self, item: Claimed, token: uuid.UUID, exc: DatabaseError) -> Started | None:
+    def _refused(self, flight: InFlight, exc: DatabaseError) -> InFlight | None:
         """The step was refused for good (nothing of it was written): never retry it as it is.
 
         Which half was refused is not said: the outcome is written alone
         (settled as :meth:`Settling.alone` says if it is the one refused), then the
-        claim is tried again alone. A claim refused for good is dropped, with
-        an ERROR: the row stays ``queued``, its id acknowledged (the mirror
-        check pushes it again later), and this thread goes on.
+        mark is tried again alone, with the same token. A mark refused for
+        good is dropped, with an ERROR: the row stays ``queued``, its id
+        acknowledged (the mirror check pushes it again later), and this
+        thread goes on.
         """
-        if self.settlement is not None:
+        if self.settling.settlement is not None:
             self._settle_alone()
-            self.tokens[item.id] = token
-            return self._mark(item)
+            return self._mark(flight)
         logger.error(
             "delivery %s: the database refused to mark it processing (%s: %s); "
             "it stays queued, skipped by this thread",
-            item.id,
+            flight.id,
             type(exc).__name__,
             exc,
         )
-        self.acks.append(item.id)
+        self.acks.append(flight.id)
         return None
 
-    def _held(self, started: Started) -> bool:
-        """Whether a switch or a limit holds ``started`` (set back to ``queued`` for later)."""
+    def _held(self, flight: InFlight) -> bool:
+        """Whether a switch or a limit holds ``flight`` (set back to ``queued`` for later)."""
         try:
-            held = self.gate.holds(started)
+            held = self.gate.holds(flight)
         except DatabaseError as exc:
             # The hold's UPDATE failed: the row is still ours, and the
             # retry (same token) asks the gate again.
-            item = Claimed(started.delivery.pk, started.delivery.priority)
-            self._again_later(item, started.token, exc)
+            self._again_later(flight, exc)
             return True
         if held:
             # Held until its domain or limit allows it: not an attempt.
-            self.acks.append(started.delivery.pk)
+            self.acks.append(flight.id)
         return held
 
-    def _settle_and_mark(
-        self, item: Claimed, token: uuid.UUID, worker_id: str
-    ) -> tuple[int, rows.ClaimedRow | None]:
-        """Step 4 of the previous message and step 2 of the next, in one transaction.
+    def _settle_and_mark(self, flight: InFlight) -> tuple[int, rows.ClaimedRow | None]:
+        """The settle of the outcome in hand and the mark of ``flight``, in one transaction.
 
         No outcome or a success goes through the group commit (``group_commit``);
         any other outcome through Django's atomic(). Raises DatabaseError when
         the database is away: the caller retries with the same outcome and token.
         """
-        s = self.settlement
+        s = self.settling.settlement
         now = self.worker.clock.now()
+        token, worker_id = flight.token, flight.worker_id
         if self.settling.grouped(s):
             known = self.worker.emails.recent()
-            return self.settling.group_step(s, item.id, token, now, known, worker_id)
+            return self.settling.group_step(s, flight.id, token, now, known, worker_id)
         # SQLite: see Worker.sqlite_write_lock.
         one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic(using=self.database):
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
-            return changed, sql.claim_row(item.id, worker_id, token, now)
+            return changed, sql.claim_row(flight.id, worker_id, token, now)
 
     # -- step 4 on its own (settling.Settling), and giving back -------------------
 
@@ -333,7 +336,7 @@ class SenderLoop:
             return
         _, kept = self._unclaim_pending()
         now = self.worker.clock.time()
-        entries = [QueueEntry(c.id, c.priority, now) for c in self.pending if c not in kept]
+        entries = [QueueEntry(f.id, f.priority, now) for f in self.pending if f not in kept]
         try:
             self.worker.queue.give_back(self.worker.worker_id, entries, acks=self.acks)
         except RedisError as exc:
@@ -347,28 +350,25 @@ class SenderLoop:
         self.pending = deque(kept)
         self.acks = []
 
-    def _unclaim_pending(self) -> tuple[list[Claimed], list[Claimed]]:
-        """Set back the rows a committed claim may hold: (items set back, items it could not).
+    def _unclaim_pending(self) -> tuple[list[InFlight], list[InFlight]]:
+        """Set back the rows a committed mark may hold: (flights set back, flights it could not).
 
-        An item carries a token when its step may have committed unseen (the
-        reply, or reading the row back, failed). Its id must not go back before
-        its row is ``queued`` again: no worker would take it, and the sweeper
-        would flag a row that was never sent.
+        A flight whose mark was tried carries a token: its step may have
+        committed unseen (the reply, or reading the row back, failed). Its id
+        must not go back before its row is ``queued`` again: no worker would
+        take it, and the sweeper would flag a row that was never sent.
         """
-        set_back: list[Claimed] = []
-        kept: list[Claimed] = []
+        set_back: list[InFlight] = []
+        kept: list[InFlight] = []
         now = self.worker.clock.now()
-        for item in self.pending:
-            token = self.tokens.get(item.id)
-            if token is None:
+        for flight in self.pending:
+            if not flight.tried:
                 continue
             try:
-                if sql.unclaim(item.id, token, now):
-                    set_back.append(item)
+                if sql.unclaim(flight.id, flight.token, now):
+                    set_back.append(flight)
             except DatabaseError as exc:
                 drop_db_connection()
-                logger.warning("delivery %s: cannot set its claim back yet (%s)", item.id, exc)
-                kept.append(item)
-                continue
-            del self.tokens[item.id]
+                logger.warning("delivery %s: cannot set its claim back yet (%s)", flight.id, exc)
+                kept.append(flight)
         return set_back, kept

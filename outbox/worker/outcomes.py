@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import logging
 import random
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -62,10 +61,8 @@ from ..mail.failures import (
     refused_by_esp,
 )
 from ..models import (
-    Attachment,
     Attempt,
     Delivery,
-    Email,
     as_django_stores,
     epoch,
     instant,
@@ -74,6 +71,7 @@ from ..models import (
 from ..operations import esp_evidence
 from ..queue.entries import QueueEntry
 from ..suppression import add_refused, bare_address, refused_recipients
+from .inflight import InFlight
 from .sql import mark_sent
 
 logger = logging.getLogger("outbox.worker")
@@ -83,22 +81,10 @@ Outcome = Attempt.Outcome
 
 
 @dataclass
-class Started:
-    """A row this worker marked processing: what it needs to send and settle it."""
-
-    delivery: Delivery
-    email: Email
-    attachments: list[Attachment]
-    token: uuid.UUID
-    started: float  # time.monotonic() when the step that marked it was issued
-    worker_id: str  # the incarnation the row was marked under: the one whose lease fences the send
-
-
-@dataclass
 class Settlement:
     """The outcome of one attempt, waiting to be written."""
 
-    started: Started
+    flight: InFlight  # the delivery in flight it is the outcome of (marked)
     outcome: str  # an Attempt.Outcome: sent, retry, failed, ambiguous, released or cancelled
     # Why; for a success, a note for the attempt log (the staging valve's
     # redirect), which makes the success write an Attempt row too.
@@ -128,7 +114,7 @@ class Settlement:
 
     @property
     def delivery(self) -> Delivery:
-        return self.started.delivery
+        return self.flight.delivery
 
 
 def backoff_delay(attempt: int, base: float, cap: float) -> float:
@@ -137,15 +123,15 @@ def backoff_delay(attempt: int, base: float, cap: float) -> float:
     return ceiling / 2 + random.uniform(0, ceiling / 2)
 
 
-def failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
+def failure(flight: InFlight, exc: BaseException, now: datetime) -> Settlement:
     """The outcome of an attempt that raised ``exc``; ``now`` is Redis time."""
-    settlement = _failure(started, exc, now)
+    settlement = _failure(flight, exc, now)
     settlement.cause = cause_of(exc)
     return settlement
 
 
-def _failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
-    delivery = started.delivery
+def _failure(flight: InFlight, exc: BaseException, now: datetime) -> Settlement:
+    delivery = flight.delivery
     error = f"{type(exc).__name__}: {exc}"
     answer = esp_answer(exc)
     if answer and answer not in error:
@@ -155,18 +141,18 @@ def _failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     if kind is not FailureKind.AMBIGUOUS and configuration_refused(exc) is not None:
         # Not this message's fault: no attempt burnt; due when the mailer's
         # pause ends (``gate.Gate.settled``).
-        return Settlement(started, Outcome.RELEASED, f"the mailer is paused: {error}"[:2000])
+        return Settlement(flight, Outcome.RELEASED, f"the mailer is paused: {error}"[:2000])
     if kind is FailureKind.AMBIGUOUS:
         error = f"in doubt: {error}"[:2000]
         if outbox_settings.ABANDONED_POLICY == "review":
-            return Settlement(started, Outcome.AMBIGUOUS, error)
+            return Settlement(flight, Outcome.AMBIGUOUS, error)
     permanent = kind is FailureKind.PERMANENT
     if permanent or delivery.attempts >= delivery.max_attempts:
         refused: list[str] = []
         if outbox_settings.SUPPRESS_ON_REFUSAL:
             # An SMTP 5xx at RCPT, or an ESP's refusal of the recipient.
             refused = refused_recipients(exc) + [bare_address(a) for a in refused_by_esp(exc)]
-        return Settlement(started, Outcome.FAILED, error, permanent=permanent, refused=refused)
+        return Settlement(flight, Outcome.FAILED, error, permanent=permanent, refused=refused)
     base, cap = outbox_settings.RETRY_BACKOFF
     delay = backoff_delay(delivery.attempts, base, cap)
     http = http_failure(exc)
@@ -176,10 +162,10 @@ def _failure(started: Started, exc: BaseException, now: datetime) -> Settlement:
     # Added to the instant: naive arithmetic (USE_TZ = False) drops fold and
     # counts wall-clock time, an hour off the night the clocks change.
     retry_at = as_django_stores(instant(now) + timedelta(seconds=delay))
-    return Settlement(started, Outcome.RETRY, error, retry_at)
+    return Settlement(flight, Outcome.RETRY, error, retry_at)
 
 
-def from_answer(started: Started, answer: request.Answer, now: datetime) -> Settlement:
+def from_answer(flight: InFlight, answer: request.Answer, now: datetime) -> Settlement:
     """The outcome of one row of a request the ESP answered, from its recipient's status.
 
     Accepted is a success with the ESP's id; refused for good is ``failed``,
@@ -187,28 +173,28 @@ def from_answer(started: Started, answer: request.Answer, now: datetime) -> Sett
     request's fate (``outbox.mail.request.REFUSED``); anything else is retried
     as a transient failure.
     """
-    status = answer.of(started.delivery.recipient)
+    status = answer.of(flight.delivery.recipient)
     if status is None and not answer.taken:
         why = "the ESP refused the request for another recipient; not sent to this one"
-        return failure(started, DeliveryError(why), now)
+        return failure(flight, DeliveryError(why), now)
     if status is None or status.status in request.ACCEPTED:
         note = (
             "" if status is not None else "accepted by the ESP, with no status for this recipient"
         )
         return Settlement(
-            started, Outcome.SENT, note, esp_message_id=status.message_id if status else ""
+            flight, Outcome.SENT, note, esp_message_id=status.message_id if status else ""
         )
     if status.status in request.REFUSED:
-        refused = [bare_address(started.delivery.recipient)]
+        refused = [bare_address(flight.delivery.recipient)]
         return Settlement(
-            started,
+            flight,
             Outcome.FAILED,
             f"the ESP refused this recipient: {status.status}",
             permanent=True,
             refused=refused if outbox_settings.SUPPRESS_ON_REFUSAL else [],
         )
     why = f"the ESP's status for this recipient: {status.status}"
-    return failure(started, DeliveryError(why), now)
+    return failure(flight, DeliveryError(why), now)
 
 
 # What each outcome other than a success writes (a success: ``sql.mark_sent``).
@@ -238,13 +224,13 @@ def write_outcome(s: Settlement, now: datetime, push: Callable[[list[QueueEntry]
         settle_from_evidence(s)
     delivery = s.delivery
     if s.outcome == Outcome.SENT:
-        changed = mark_sent(delivery.pk, s.started.token, now)
+        changed = mark_sent(delivery.pk, s.flight.token, now)
         if changed and (s.error or s.esp_message_id) and not attempt_logged(s):
             log_attempt(s, now)  # where a redirected copy went; the ESP's id of it
         return changed or sent_but_not_ours(s, now)
     changed = _WRITES[s.outcome].apply(
         delivery.pk,
-        s.started.token,
+        s.flight.token,
         now=now,
         error=s.error,
         retry_at=s.retry_at,
@@ -280,7 +266,7 @@ def settle_from_evidence(s: Settlement) -> None:
     """
     pk = s.delivery.pk
     Delivery.objects.select_for_update().filter(pk=pk).values_list("pk", flat=True).first()
-    found = esp_evidence(pk, s.started.token)
+    found = esp_evidence(pk, s.flight.token)
     if found is None:
         return
     why = f"{s.outcome} ({s.error})" if s.error else s.outcome
@@ -326,7 +312,7 @@ def sent_but_not_ours(s: Settlement, now: datetime) -> int:
     is returned.
     """
     if Delivery.objects.filter(
-        pk=s.delivery.pk, status=Status.SENT, claim_token=s.started.token
+        pk=s.delivery.pk, status=Status.SENT, claim_token=s.flight.token
     ).exists():
         return 1
     if not attempt_logged(s):
@@ -349,7 +335,7 @@ def log_attempt(s: Settlement, finished: datetime) -> None:
         delivery_id=delivery.pk,
         number=delivery.attempts,
         worker_id=delivery.worker_id,
-        claim_token=s.started.token,
+        claim_token=s.flight.token,
         started_at=delivery.processing_started_at or finished,
         finished_at=finished,
         outcome=s.outcome,
@@ -367,5 +353,5 @@ def attempt_logged(s: Settlement) -> bool:
     proof.
     """
     return Attempt.objects.filter(
-        delivery_id=s.delivery.pk, claim_token=s.started.token, outcome=s.outcome
+        delivery_id=s.delivery.pk, claim_token=s.flight.token, outcome=s.outcome
     ).exists()

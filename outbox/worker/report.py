@@ -81,7 +81,7 @@ def announce(
     quiet = False
     if alarm is not None:
         alarm.observe(s)
-        quiet = alarm.quiet(s.started.email.mailer)
+        quiet = alarm.quiet(s.flight.email.mailer)
     if s.outcome == Outcome.SENT:
         if not changed:
             logger.error(

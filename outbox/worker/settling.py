@@ -104,7 +104,7 @@ class Settling:
         known: int,
         worker_id: str,
     ) -> tuple[int, rows.ClaimedRow | None]:
-        settle = (s.delivery.pk, s.started.token) if s is not None else None
+        settle = (s.delivery.pk, s.flight.token) if s is not None else None
         step = sql.Step(settle, claim_id, worker_id, token, now, known)
         changed, claimed = self.worker.group_commit.run(step)
         if s is not None and not changed:
@@ -123,7 +123,7 @@ class Settling:
                 # A success alone is a step with nothing to claim, so that a
                 # sender thread needs no database connection of its own (at the
                 # end of a burst run every thread writes its last one here).
-                return self.group_step(s, None, s.started.token, now, 0, self.worker.worker_id)[0]
+                return self.group_step(s, None, s.flight.token, now, 0, self.worker.worker_id)[0]
             with transaction.atomic(using=self.database):
                 return write_outcome(s, now, self.worker.push_quietly)
 
@@ -278,7 +278,7 @@ def settle_refused(s: Settlement, now: datetime) -> int:
 
 
 def _settle_refused_row(s: Settlement, now: datetime) -> int:
-    delivery, token = s.delivery, s.started.token
+    delivery, token = s.delivery, s.flight.token
     why = f"the database refused to record the outcome ({s.outcome}) for good: {s.refusal}"
     with transaction.atomic(using=outbox_alias()):
         if s.outcome == Outcome.SENT:

@@ -8,7 +8,7 @@ imported or wrapped, so the worker's hot path costs what it always does.
 What it records, with ``time.time()`` (one clock for every process of the machine):
 
 - the outbox's worker: ``claim`` (``RedisQueue.claim`` returned the id), ``mark``
-  (``outbox.worker.attempt.started_from`` called, under the name the loop calls:
+  (``outbox.worker.attempt.take_marked_row`` called, under the name the loop calls:
   the step that marked the row ``processing`` has committed), ``conn`` (the
   thread's mail connection is open, ``Connection.ensure_open`` returned),
   ``fence`` (each ``Sender.may_hand_over``: the first right before the backend's
@@ -103,16 +103,16 @@ def _install_outbox() -> None:
         reliable.RedisQueue.claim
     )
 
-    started_from = loop.started_from
+    take_marked_row = loop.take_marked_row
 
-    @functools.wraps(started_from)
-    def marked(worker: Any, item: Any, *args: Any, **kwargs: Any) -> Any:
+    @functools.wraps(take_marked_row)
+    def marked(worker: Any, flight: Any, *args: Any, **kwargs: Any) -> Any:
         # Called right after the step that marked the row committed.
-        record("mark", item.id)
-        _local.current = item.id
-        return started_from(worker, item, *args, **kwargs)
+        record("mark", flight.id)
+        _local.current = flight.id
+        return take_marked_row(worker, flight, *args, **kwargs)
 
-    loop.started_from = marked  # the name the loop calls
+    loop.take_marked_row = marked  # the name the loop calls
 
     ensure_open = connections.Connection.ensure_open
 

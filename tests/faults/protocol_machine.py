@@ -181,12 +181,13 @@ class ProtocolMachine(ProtocolSteps):
             for t in w.threads:
                 if t.loop.worker_id != w.worker.worker_id:
                     continue  # its claims are the old incarnation's, for the sweeper
-                owed.update(c.id for c in t.loop.pending)
+                owed.update(f.id for f in t.loop.pending)
                 if t.loop.nonce is not None and t.lost_claim:
                     owed.update(c.id for c in t.lost_claim)
-                for started in (t.in_hand, t.loop.settlement and t.loop.settlement.started):
-                    if started is not None and started.worker_id == w.worker.worker_id:
-                        owed[started.delivery.pk] += 1
+                s = t.loop.settling.settlement
+                for flight in (t.in_hand, s and s.flight):
+                    if flight is not None and flight.worker_id == w.worker.worker_id:
+                        owed[flight.delivery.pk] += 1
             held = Counter(view.lists[w.incarnation])
             short = {pk: (n, held[pk]) for pk, n in owed.items() if held[pk] < n}
             assert not short, (
@@ -220,13 +221,13 @@ class ProtocolMachine(ProtocolSteps):
         ids: set[int] = set()
         for t in w.threads:
             loop = t.loop
-            ids.update(c.id for c in loop.pending)
+            ids.update(f.id for f in loop.pending)
             ids.update(loop.acks)
-            ids.update(loop.tokens)
             ids.update(c.id for c in t.lost_claim or [])
-            for started in (t.in_hand, loop.settlement and loop.settlement.started):
-                if started is not None:
-                    ids.add(started.delivery.pk)
+            s = loop.settling.settlement
+            for flight in (t.in_hand, s and s.flight):
+                if flight is not None:
+                    ids.add(flight.delivery.pk)
         return ids
 
     def _unreachable(
@@ -335,7 +336,7 @@ class ProtocolMachine(ProtocolSteps):
         for w in list(self.workers):
             for t in w.threads:
                 if t.in_hand is not None:
-                    t.loop.settlement = t.loop.sender.deliver(t.in_hand)
+                    t.loop.settling.settlement = t.loop.sender.deliver(t.in_hand)
                     t.in_hand = None
             self._stop(w)
         control.resume(queue=self.queue)

@@ -105,7 +105,7 @@ from outbox.exceptions import AmbiguousDeliveryError
 from outbox.models import Delivery
 from outbox.queue import RedisQueue, control
 from outbox.sweeper import Sweeper
-from outbox.worker import Started, Worker
+from outbox.worker import InFlight, Worker
 from outbox.worker.loop import SenderLoop
 from tests import protocol_faults as pf
 from tests.servers import empty_outbox
@@ -159,7 +159,7 @@ class SimThread:
         self.backend = ScriptedBackend()
         self.loop = SenderLoop(worker, index, self.backend)
         pf.install_on_loop(faults, self.loop)
-        self.in_hand: Started | None = None  # marked processing, not yet sent
+        self.in_hand: InFlight | None = None  # marked processing, not yet sent
         self.lost_claim: list[Any] | None = None  # ids of a claim whose reply was lost
 
     def __repr__(self) -> str:
@@ -376,7 +376,7 @@ class ProtocolSteps(RuleBasedStateMachine):
         w.worker.max_messages = n  # claim_size(): min(CLAIM_BATCH, what is left)
         lost = t.lost_claim if loop.nonce is not None else None
         incarnation = w.incarnation
-        settlement = loop.settlement
+        settlement = loop.settling.settlement
         loop._claim()
         if loop.nonce is not None:
             self.note("claim: failed, to be retried with its nonce")
@@ -387,7 +387,8 @@ class ProtocolSteps(RuleBasedStateMachine):
             return True
         if lost is not None:
             self.note("claim: replayed after a lost reply")
-            assert list(loop.pending) == lost, (lost, list(loop.pending))
+            claimed = [(f.id, f.priority) for f in loop.pending]
+            assert claimed == lost, (lost, claimed)
         if loop.pending:
             self.note("claim: got ids")
         elif settlement is not None:
@@ -401,18 +402,16 @@ class ProtocolSteps(RuleBasedStateMachine):
     def _mark(self, t: SimThread) -> None:
         """SenderLoop._mark(), then SenderLoop._held(): the previous outcome and this row."""
         loop = t.loop
-        settling = loop.settlement is not None
-        item = loop.pending.popleft()
-        started = loop._mark(item)
-        if started is not None and loop._held(started):
+        settling = loop.settling.settlement is not None
+        flight = loop.pending.popleft()
+        marked = loop._mark(flight)
+        if marked is not None and loop._held(marked):
             what = "held by a switch, given back"
-        elif started is not None:
-            t.in_hand = started
+        elif marked is not None:
+            t.in_hand = marked
             what = "marked processing"
-        elif loop.pending and loop.pending[0] is item:
-            what = "failed, first in line again" + (
-                " with its token" if item.id in loop.tokens else ""
-            )
+        elif loop.pending and loop.pending[0] is flight:
+            what = "failed, first in line again" + (" with its token" if flight.tried else "")
         else:
             what = "stale id dropped"
         self.note(f"mark: {what}" + (", previous outcome in the same commit" if settling else ""))
@@ -421,13 +420,13 @@ class ProtocolSteps(RuleBasedStateMachine):
         """Sender.deliver() on a server that answers ``answer``."""
         assert t.in_hand is not None
         t.backend.plan = answer
-        t.loop.settlement = t.loop.sender.deliver(t.in_hand)
+        t.loop.settling.settlement = settlement = t.loop.sender.deliver(t.in_hand)
         t.in_hand = None
-        self.note(f"send: {answer} -> {t.loop.settlement.outcome}")
+        self.note(f"send: {answer} -> {settlement.outcome}")
 
     def _hold_while_paused(self, t: SimThread) -> None:
         """SenderLoop._hold_while_paused(): outcome written, claimed ids given back."""
-        tokens = sum(1 for c in t.loop.pending if c.id in t.loop.tokens)
+        tokens = sum(1 for f in t.loop.pending if f.tried)
         t.loop._hold_while_paused()
         self.note("paused: gave back" + (" items with tokens" if tokens else ""))
 
@@ -453,7 +452,7 @@ class ProtocolSteps(RuleBasedStateMachine):
             for t in w.threads:
                 if t.in_hand is not None:
                     points.append("after mark")
-                elif t.loop.settlement is not None:
+                elif t.loop.settling.settlement is not None:
                     points.append("after send")
                 elif t.loop.pending:
                     points.append("after claim")
@@ -501,7 +500,7 @@ class ProtocolSteps(RuleBasedStateMachine):
         else:  # the code before the heartbeat lease timed a send from its mark
             for t in w.threads:
                 if t.in_hand is not None:
-                    t.in_hand.started -= STALE
+                    t.in_hand.issued -= STALE
 
     def _stop(self, w: SimWorker) -> None:
         # SenderLoop.run()'s finally in each thread, then the end of Worker.run().

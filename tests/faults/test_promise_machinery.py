@@ -37,7 +37,7 @@ from outbox.mail.targets import get_delivery_connection
 from outbox.models import Attempt, Delivery
 from outbox.queue import Claimed, RedisQueue, control
 from outbox.sweeper import Sweeper
-from outbox.worker import Worker
+from outbox.worker import InFlight, Worker
 from outbox.worker import sql as worker_sql
 from outbox.worker.loop import SenderLoop
 from outbox.worker.outcomes import Settlement
@@ -149,8 +149,9 @@ def committed_claim(worker: Worker, loop: SenderLoop, row: Delivery) -> uuid.UUI
     token = uuid.uuid4()
     with transaction.atomic():
         assert worker_sql.claim_row(row.pk, worker.worker_id, token, worker.clock.now())
-    loop.pending.append(item)
-    loop.tokens[item.id] = token
+    flight = InFlight(item.id, item.priority, worker.worker_id)
+    flight.draw_token(lambda: token)  # the mark was tried: its token is on the flight
+    loop.pending.append(flight)
     return token
 
 
@@ -199,14 +200,14 @@ def test_no_send_without_a_live_lease(queue, outbox_mail):
     worker.queue.register(worker.worker_id)
     loop = SenderLoop(worker, 0, get_delivery_connection())
     assert loop._claim()
-    started = loop._mark(loop.pending.popleft())
-    assert started is not None
-    settlement = loop.sender.send(started, None)  # type: ignore[arg-type]
+    flight = loop._mark(loop.pending.popleft())
+    assert flight is not None
+    settlement = loop.sender.send(flight, None)  # type: ignore[arg-type]
     assert isinstance(settlement, Settlement) and settlement.outcome == "released"
     assert outbox_mail == []
     worker.beat()  # a heartbeat renews the lease
     assert worker.lease_left(worker.worker_id) > 0
-    assert loop.sender.send(started, loop.sender.connections.get("").backend).outcome == "sent"
+    assert loop.sender.send(flight, loop.sender.connections.get("").backend).outcome == "sent"
     assert len(outbox_mail) == 1
 
 
@@ -267,9 +268,9 @@ def test_a_sender_never_reads_the_new_lease_with_the_old_name(queue, outbox_mail
 
     def mark_and_send() -> None:
         try:
-            started = loop._mark(item)
-            assert started is not None
-            seen["outcome"] = loop.sender.deliver(started).outcome
+            flight = loop._mark(item)
+            assert flight is not None
+            seen["outcome"] = loop.sender.deliver(flight).outcome
             seen["marked_as"] = Delivery.objects.get(pk=row.pk).worker_id
         finally:
             connection.close()
@@ -387,13 +388,13 @@ def test_a_lease_that_runs_out_mid_send_releases_the_row(settings, smtp_server, 
     worker.queue.register(worker.worker_id)
     loop = SenderLoop(worker, 0, smtp_backend(settings, smtp_server.port))
     assert loop._claim()
-    started = loop._mark(loop.pending.popleft())
-    assert started is not None
+    flight = loop._mark(loop.pending.popleft())
+    assert flight is not None
     link = loop.sender.connections.get("")
     link.ensure_open()
     answers = iter([100.0, -1.0])  # alive at the check before the send, gone at the dot
     worker.lease_left = lambda worker_id: next(answers)  # type: ignore[method-assign]
-    settlement = loop.sender.send(started, link.backend)
+    settlement = loop.sender.send(flight, link.backend)
     assert settlement.outcome == "released"
     assert smtp_server.count() == 0
 

@@ -23,7 +23,8 @@ from outbox.models import Attempt, Delivery, Email
 from outbox.queue import RedisQueue, alarm
 from outbox.worker import alarm as worker_alarm
 from outbox.worker.alarm import FailureAlarm
-from outbox.worker.outcomes import Settlement, Started
+from outbox.worker.inflight import InFlight
+from outbox.worker.outcomes import Settlement
 from outbox.worker.report import Stats, announce
 from tests.servers import wait_until
 
@@ -60,18 +61,17 @@ def one(mailers: list[alarm.MailerAlarm], mailer: str = "") -> alarm.MailerAlarm
 
 
 def settlement(outcome: str, mailer: str = "", cause: str = CAUSE, pk: int = 1) -> Settlement:
-    started = Started(
+    flight = InFlight.marked(
         Delivery(pk=pk, recipient=f"r{pk}@example.com", attempts=1, max_attempts=5),
         Email(mailer=mailer),
         [],
         uuid.uuid4(),
-        0.0,
         "w#1",
     )
     if outcome == Outcome.SENT:
-        return Settlement(started, outcome)
+        return Settlement(flight, outcome)
     return Settlement(
-        started, outcome, f"SMTPSenderRefused: {cause}", cause=cause, retry_at=_later()
+        flight, outcome, f"SMTPSenderRefused: {cause}", cause=cause, retry_at=_later()
     )
 
 

@@ -15,7 +15,7 @@ from outbox import enqueue_email
 from outbox.models import Attempt, Delivery
 from outbox.queue import QueueEntry
 from outbox.queue.scripts import shared_script
-from outbox.worker import Worker, backoff_delay, is_permanent
+from outbox.worker import InFlight, Worker, backoff_delay, is_permanent
 from outbox.worker.loop import SenderLoop
 from outbox.worker.outcomes import failure
 from tests.servers import wait_until
@@ -193,7 +193,7 @@ def test_early_id_is_put_back_in_schedule(outbox_mail, queue):
 
 
 def test_stale_worker_cannot_overwrite_another_attempts_outcome():
-    from outbox.worker import Settlement, Started
+    from outbox.worker import Settlement
 
     delivery = enqueue_email("s", "b", None, ["a@example.com"])[0]
     # Attempt 1 by a worker that then stalls; the row is given to attempt 2.
@@ -203,7 +203,7 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
     )
     worker = Worker(burst=True)
     row = Delivery.objects.get(pk=delivery.pk)
-    stale = Started(row, row.email, [], old_token, 0.0, worker.worker_id)
+    stale = InFlight.marked(row, row.email, [], old_token, worker.worker_id)
     settle_alone(worker, Settlement(stale, Attempt.Outcome.SENT))
     settle_alone(worker, failure(stale, OSError("late"), timezone.now()))
     row.refresh_from_db()
@@ -216,7 +216,7 @@ def test_stale_worker_cannot_overwrite_another_attempts_outcome():
 
 def test_an_outcome_written_twice_is_written_once():
     """A retry after a commit whose reply was lost finds its own write, not a conflict."""
-    from outbox.worker import Settlement, Started
+    from outbox.worker import Settlement
 
     sent, failed = enqueue_email("s", "b", None, ["a@example.com", "b@example.com"])
     worker = Worker(burst=True)
@@ -227,8 +227,8 @@ def test_an_outcome_written_twice_is_written_once():
             status=Status.PROCESSING, claim_token=token, attempts=1, worker_id=worker.worker_id
         )
         row = Delivery.objects.get(pk=delivery.pk)
-        started = Started(row, row.email, [], token, 0.0, worker.worker_id)
-        settlements.append(Settlement(started, outcome, "550 no such user" * (outcome != "sent")))
+        flight = InFlight.marked(row, row.email, [], token, worker.worker_id)
+        settlements.append(Settlement(flight, outcome, "550 no such user" * (outcome != "sent")))
     for settlement in settlements * 2:
         assert settle_alone(worker, settlement) == [settlement.delivery.pk]
     assert Delivery.objects.get(pk=sent.pk).status == Status.SENT
@@ -416,7 +416,7 @@ def test_claimed_ids_are_given_back_on_stop(queue, outbox_mail):
     claimed = queue.claim(worker.worker_id, 2).items
     assert len(claimed) == 2
     loop = SenderLoop(worker, 0, locmem.EmailBackend())
-    loop.pending.extend(claimed)
+    loop.pending.extend(InFlight(c.id, c.priority) for c in claimed)
     loop._give_back()
     assert queue.redis.llen(queue.ready_key("normal")) == 2
     assert queue.redis.llen(queue.processing_key(worker.worker_id)) == 0
@@ -507,7 +507,7 @@ def test_the_step_statement_is_prepared_only_when_django_allows_it():
 def settle_alone(worker, settlement):
     """Write one outcome the way a sender thread does when no next row is ready."""
     loop = SenderLoop(worker, 0, locmem.EmailBackend())
-    loop.settlement = settlement
+    loop.settling.settlement = settlement
     loop._settle_alone()
     return loop.acks
 
