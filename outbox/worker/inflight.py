@@ -39,7 +39,6 @@ class InFlight:
     id: int
     priority: str
     worker_id: str = ""  # the incarnation the mark was issued under: whose lease fences the send
-    issued: float = 0.0  # time.monotonic() when the mark was issued
     _token: uuid.UUID | None = field(default=None, init=False, repr=False)
     _delivery: Delivery | None = field(default=None, init=False, repr=False)
     _email: Email | None = field(default=None, init=False, repr=False)
@@ -53,19 +52,16 @@ class InFlight:
         attachments: list[Attachment],
         token: uuid.UUID,
         worker_id: str,
-        issued: float = 0.0,
     ) -> InFlight:
         """A flight whose row is already marked ``processing`` under ``token``."""
-        flight = cls(delivery.pk, delivery.priority, worker_id, issued)
+        flight = cls(delivery.pk, delivery.priority, worker_id)
         flight._token = token
         flight.take_row(delivery, email, attachments)
         return flight
 
     def companion(self, delivery: Delivery) -> InFlight:
         """A companion's flight: ``delivery``, marked under this flight's token, sent with it."""
-        return InFlight.marked(
-            delivery, self.email, self.attachments, self.token, self.worker_id, self.issued
-        )
+        return InFlight.marked(delivery, self.email, self.attachments, self.token, self.worker_id)
 
     def draw_token(self, new: Callable[[], uuid.UUID]) -> None:
         """A try to mark it: its claim token is drawn (``new()``) at the first, kept after."""

@@ -25,7 +25,6 @@ from __future__ import annotations
 import logging
 import os
 import random
-import time
 import uuid
 from collections import deque
 from contextlib import nullcontext
@@ -225,10 +224,10 @@ class SenderLoop:
         its token).
         """
         flight.draw_token(self._new_token)
-        # Read before the step, as one snapshot: the row is marked under this
-        # incarnation's name, and its send is fenced by that same name's lease,
-        # a clock that runs while the step is blocked.
-        flight.worker_id, flight.issued = self.worker.incarnation().worker_id, time.monotonic()
+        # Read before the step: the row is marked under this incarnation's
+        # name, and its send is fenced by that same name's lease, whose clock
+        # runs while the step is blocked.
+        flight.worker_id = self.worker.incarnation().worker_id
         try:
             changed, claimed = self._settle_and_mark(flight)
         except DatabaseError as exc:

@@ -500,7 +500,7 @@ class ProtocolSteps(RuleBasedStateMachine):
         else:  # the code before the heartbeat lease timed a send from its mark
             for t in w.threads:
                 if t.in_hand is not None:
-                    t.in_hand.issued -= STALE
+                    t.in_hand.started -= STALE
 
     def _stop(self, w: SimWorker) -> None:
         # SenderLoop.run()'s finally in each thread, then the end of Worker.run().

@@ -48,11 +48,11 @@ def test_its_token_is_drawn_at_the_first_try_and_kept_after():
 def test_a_companion_is_a_flight_of_its_own_under_the_same_token():
     token = uuid.uuid4()
     email = Email(pk=3, mailer="esp")
-    flight = InFlight.marked(Delivery(pk=7, priority="normal"), email, [], token, "w#1", 5.0)
+    flight = InFlight.marked(Delivery(pk=7, priority="normal"), email, [], token, "w#1")
     companion = flight.companion(Delivery(pk=8, priority="normal"))
     assert companion is not flight
     assert (companion.id, companion.delivery.pk) == (8, 8) and companion.email is email
-    assert (companion.token, companion.worker_id, companion.issued) == (token, "w#1", 5.0)
+    assert (companion.token, companion.worker_id) == (token, "w#1")
 
 
 @pytest.mark.django_db(transaction=True)
