@@ -68,6 +68,11 @@ if [ -n "$FAST" ]; then
   MATRIX="5.2:sqlite"
   XDIST="${OUTBOX_TEST_JOBS:-$(nproc)}"
   for arg in "$@"; do
+    if [[ "$arg" == -n* || "$arg" == --numprocesses* ]]; then
+      echo "the fast lane starts a redis-server per pytest-xdist worker: choose their number" \
+        "with OUTBOX_TEST_JOBS, not $arg" >&2
+      exit 1
+    fi
     if [ -z "${OUTBOX_TEST_JOBS:-}" ] && { [[ "$arg" == -k* ]] || [ -e "${arg%%::*}" ]; }; then XDIST=1; fi
   done
   JOBS=1
