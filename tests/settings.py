@@ -14,7 +14,8 @@ database names:
 - OUTBOX_TEST_PG_PREPARE_THRESHOLD: set OPTIONS["prepare_threshold"] (prepared statements)
 - OUTBOX_TEST_PG_BOUNCER: set ("1") when OUTBOX_TEST_PG_PORT is a transaction-pooling
   PgBouncer (tests/pgbouncer.py): DISABLE_SERVER_SIDE_CURSORS, as Django asks
-- OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0
+- OUTBOX_TEST_REDIS_URL: e.g. redis://127.0.0.1:6390/0; under pytest-xdist (the fast lane),
+  one URL per worker, separated by spaces (below)
 - OUTBOX_TEST_REDIS_TOPOLOGY: a Sentinel or Cluster instead (tests/topologies.py)
 - OUTBOX_TEST_DB_NAME: set for worker subprocesses so they use the test database
 - OUTBOX_TEST_EMAIL_BACKEND / OUTBOX_TEST_SMTP_PORT / OUTBOX_TEST_EMAIL_FILE_PATH:
@@ -45,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import django
+from django.core.exceptions import ImproperlyConfigured
 
 BASE_DIR = Path(__file__).resolve().parent
 SECRET_KEY = "tests-only-not-secret"
@@ -141,10 +143,23 @@ else:
         # Django's defaults, as startproject leaves them (tests/enqueue/test_turns.py).
         del DATABASES["default"]["OPTIONS"]
 
+# The fast lane runs pytest-xdist workers (gw0, gw1, ...), one redis-server each: its
+# OUTBOX_TEST_REDIS_URL is their URLs, separated by spaces, and each worker (and the
+# subprocesses it starts, which inherit PYTEST_XDIST_WORKER) takes its own by number.
+# A server of its own, not a database number of a shared one: tests read the server's
+# clients (CLIENT LIST), which database numbers do not separate.
+_redis_urls = os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0").split()
+_xdist_worker = int((os.environ.get("PYTEST_XDIST_WORKER") or "gw0").removeprefix("gw"))
+if len(_redis_urls) > 1 and _xdist_worker >= len(_redis_urls):
+    raise ImproperlyConfigured(
+        f"pytest-xdist worker gw{_xdist_worker} has no redis-server: OUTBOX_TEST_REDIS_URL names"
+        f" {len(_redis_urls)} (tests/run.sh --fast starts OUTBOX_TEST_JOBS of them: set that"
+        " rather than -n)"
+    )
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": os.environ.get("OUTBOX_TEST_REDIS_URL", "redis://127.0.0.1:6379/0"),
+        "LOCATION": _redis_urls[_xdist_worker] if len(_redis_urls) > 1 else _redis_urls[0],
         "OPTIONS": {"SOCKET_CONNECT_TIMEOUT": 2, "SOCKET_TIMEOUT": 5},
     }
 }

@@ -288,7 +288,10 @@ class ProtocolSteps(RuleBasedStateMachine):
     # -- workers ----------------------------------------------------------------------
 
     def _pick(self, data: st.DataObject, fits: Callable[[SimWorker], bool]) -> SimWorker:
-        return data.draw(st.sampled_from([w for w in self.workers if fits(w)]), label="worker")
+        # A position, not a choice among the workers that fit: which fit (a worker between
+        # messages) depends on timing, and a draw's shape must not (see damage() below).
+        fitting = [w for w in self.workers if fits(w)]
+        return fitting[data.draw(st.integers(0, 999), label="worker") % len(fitting)]
 
     @precondition(lambda self: len(self.workers) < MAX_WORKERS)
     @rule(name=st.sampled_from(NAMES))
@@ -584,6 +587,9 @@ class ProtocolSteps(RuleBasedStateMachine):
         kinds = ["lose ready list", "lose scheduled", "lose dedup set", "lose mirror marker"]
         kinds += list(pools)
         kind = data.draw(st.sampled_from(kinds), label="damage")
+        # Drawn whatever the pool holds, even nothing: a draw made only when a pool has
+        # ids would make the draws' shape depend on it.
+        picks = data.draw(st.lists(st.integers(0, 999), min_size=1, max_size=3), label="ids")
         if kind in pools and not pools[kind]:
             self.note(f"damage: {kind} (none to make)")
             return
@@ -598,7 +604,6 @@ class ProtocolSteps(RuleBasedStateMachine):
             redis.delete(queue.mirror_key)
         else:
             pool = pools[kind]
-            picks = data.draw(st.lists(st.integers(0, 999), min_size=1, max_size=3), label="ids")
             redis.lpush(queue.ready_key(priority), *(pool[i % len(pool)] for i in picks))
 
     # -- operators (the admin's actions) --------------------------------------------------

@@ -1,8 +1,11 @@
-"""tests/lib.sh, the helpers of the test command and of example_project/run.sh."""
+"""tests/lib.sh, the helpers of the test command and of example_project/run.sh; the fast lane's
+redis-server per pytest-xdist worker (tests/settings.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 
 from tests.paths import ROOT
 
@@ -92,3 +95,29 @@ def test_each_cell_prints_its_slowest_modules(tmp_path):
     assert out == (
         "5.2:sqlite: 11 s in tests; slowest modules: test_b 6 s, test_a 4 s, mail.tests 0 s\n"
     )
+
+
+def _cache_location(redis_urls: str, worker: str | None) -> subprocess.CompletedProcess[str]:
+    """The Redis URL tests/settings.py gives a pytest-xdist ``worker`` (None: no xdist)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_XDIST_WORKER"}
+    env.update(DJANGO_SETTINGS_MODULE="tests.settings", OUTBOX_TEST_REDIS_URL=redis_urls)
+    if worker is not None:
+        env["PYTEST_XDIST_WORKER"] = worker
+    return subprocess.run(
+        [sys.executable, "-c",
+         "from django.conf import settings; print(settings.CACHES['default']['LOCATION'])"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+
+
+def test_each_fast_lane_worker_has_a_redis_server_of_its_own():
+    """tests/run.sh --fast starts one redis-server per pytest-xdist worker; each (and each
+    subprocess it starts) takes its own, by number; a test's own server, passed alone, stays."""
+    two = "redis://127.0.0.1:7001/0 redis://127.0.0.1:7002/0"
+    assert _cache_location(two, None).stdout == "redis://127.0.0.1:7001/0\n"
+    assert _cache_location(two, "gw0").stdout == "redis://127.0.0.1:7001/0\n"
+    assert _cache_location(two, "gw1").stdout == "redis://127.0.0.1:7002/0\n"
+    assert _cache_location("redis://127.0.0.1:7003/0", "gw1").stdout == "redis://127.0.0.1:7003/0\n"
+    third = _cache_location(two, "gw2")
+    assert third.returncode != 0
+    assert "ImproperlyConfigured: pytest-xdist worker gw2 has no redis-server" in third.stderr
