@@ -6,7 +6,8 @@ hold, ``attempt`` for the fenced hand-over and its outcome, ``outcomes`` and
 ``settling`` for the settle, ``backoff``); this holds their order and the
 retries between them. Each claimed id is a delivery in flight
 (:class:`~outbox.worker.inflight.InFlight`), which carries its own claim
-token, marked row and outcome from the claim to the ack.
+token and marked row from the claim to the ack; its outcome names it
+(``outcomes.Settlement.flight``).
 
 What the thread keeps between deliveries, named once (:class:`SenderLoop`):
 
