@@ -46,8 +46,7 @@ from tests.benchmark.instruments import Instruments, profile_table
 from tests.benchmark.memory import MemoryMixin
 from tests.benchmark.scale import ScaleMixin
 from tests.benchmark.sending import SendingMixin
-from tests.benchmark.side_by_side import SYSTEMS as LATENCY_SYSTEMS
-from tests.benchmark.side_by_side import SideBySideMixin
+from tests.benchmark.side_by_side import DEFAULT_SYSTEMS, SideBySideMixin
 from tests.benchmark.systems import SYSTEMS
 
 T = TypeVar("T")
@@ -93,7 +92,7 @@ class Child(
         self.extra: dict[str, Any] = {}
         self.vendor = connection.vendor
         self.latency_seconds = 60.0
-        self.latency_systems = list(LATENCY_SYSTEMS)
+        self.latency_systems = list(DEFAULT_SYSTEMS)
         self.timeline = True
         import redis
 

@@ -31,6 +31,7 @@ from typing import Any
 
 from tests.benchmark.common import PREPARED, QUICK, RESULTS, ROOT, SETTINGS, Row, Sizes
 from tests.benchmark.report import build_report, machine_info
+from tests.benchmark.side_by_side import DEFAULT_SYSTEMS
 from tests.benchmark.side_by_side import SYSTEMS as LATENCY_SYSTEMS
 
 
@@ -220,8 +221,9 @@ def main() -> None:
     )
     parser.add_argument(
         "--latency-systems",
-        default=",".join(LATENCY_SYSTEMS),
-        help=f"the latency part's systems, in order (default {','.join(LATENCY_SYSTEMS)})",
+        default=",".join(DEFAULT_SYSTEMS),
+        help=f"the latency part's systems, in order (default {','.join(DEFAULT_SYSTEMS)}; "
+        f"also: {', '.join(k for k in LATENCY_SYSTEMS if k not in DEFAULT_SYSTEMS)})",
     )
     parser.add_argument(
         "--timeline",
@@ -240,6 +242,9 @@ def main() -> None:
     parser.add_argument("--sizes", default="{}", help=argparse.SUPPRESS)
     parser.add_argument("--out", default="", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    unknown = set(args.latency_systems.split(",")) - set(LATENCY_SYSTEMS)
+    if unknown:
+        parser.error(f"--latency-systems: no system {', '.join(sorted(unknown))}")
     if args.child:
         from tests.benchmark.child import child_main
 

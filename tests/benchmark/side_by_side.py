@@ -82,7 +82,10 @@ class System:
         """The configuration as the report states it."""
         shown = self.command.removeprefix("django ").replace("-A tests.benchmark.peer_celery ", "")
         shown = f"{self.processes} x {shown}" if self.processes > 1 else shown
+        shown = shown.replace("tests.benchmark.switch ", "")
         extra = ", CONN_MAX_AGE None" if self.env.get("BENCH_CONN_MAX_AGE") == "none" else ""
+        if "BENCH_SWITCH_INTERVAL" in self.env:
+            extra += f", sys.setswitchinterval({self.env['BENCH_SWITCH_INTERVAL']})"
         beside = f"; beside it {self.beside.removeprefix('django ')}" if self.beside else ""
         return shown + extra + beside
 
@@ -95,6 +98,7 @@ class System:
 
 _CELERY = "celery -A tests.benchmark.peer_celery worker " + " ".join(CELERY_FLAGS)
 _AFTER_COMMIT = ("start", "mail", "data", "accepted")
+_OURS_STEPS = ("push", "claim", "mark", "conn", "fence", "mail", "dot", "data", "accepted")
 SYSTEMS: dict[str, System] = {
     s.key: s
     for s in (
@@ -103,8 +107,33 @@ SYSTEMS: dict[str, System] = {
             "outbox",
             f"django {OURS}",
             beside="django outbox_sweep --loop 15",
-            steps=("push", "claim", "mark", "conn", "fence", "mail", "dot", "data", "accepted"),
+            steps=_OURS_STEPS,
         ),
+        # Other configurations of the outbox, run only when named (--latency-systems):
+        # candidates for the documented one (issue 44), each with the sweeper beside it.
+        System(
+            "outbox-2x4",
+            "outbox",
+            "django outbox_worker --processes 2 --concurrency 4",
+            beside="django outbox_sweep --loop 15",
+            steps=_OURS_STEPS,
+        ),
+        System(
+            "outbox-1x8",
+            "outbox",
+            "django outbox_worker --processes 1 --concurrency 8",
+            beside="django outbox_sweep --loop 15",
+            steps=_OURS_STEPS,
+        ),
+        System(
+            "outbox-switch",
+            "outbox",
+            f"tests.benchmark.switch {OURS}",
+            env={"BENCH_SWITCH_INTERVAL": "0.0005"},
+            beside="django outbox_sweep --loop 15",
+            steps=_OURS_STEPS,
+        ),
+        System("outbox-nosweep", "outbox", f"django {OURS}", steps=_OURS_STEPS),
         System(
             "celery-prefork",
             "Celery + django-celery-email",
@@ -127,6 +156,10 @@ SYSTEMS: dict[str, System] = {
         ),
     )
 }
+
+
+# What the latency part runs unless --latency-systems names others.
+DEFAULT_SYSTEMS = ("outbox", "celery-prefork", "celery-threads", "tasks")
 
 
 def versions() -> dict[str, str]:
@@ -269,7 +302,7 @@ class SideBySideMixin:
             records = probe.read(folder) if self.timeline else []
         finally:
             shutil.rmtree(folder, ignore_errors=True)
-        if system.key == "outbox" and self.timeline:
+        if system.key.startswith("outbox") and self.timeline:
             ids = self._delivery_ids(ids)
         connection.close()
         keys = [f"lat{i}@example.com" for i in range(int(RATE), n)]
@@ -290,7 +323,7 @@ class SideBySideMixin:
         }
         if self.timeline:
             out["timeline"] = analyse(
-                system.key == "outbox",
+                system.key.startswith("outbox"),
                 system.steps,
                 keys,
                 committed,
@@ -335,7 +368,7 @@ class SideBySideMixin:
             with override_settings(EMAIL_BACKEND="djcelery_email.backends.CeleryEmailBackend"):
                 yield
             return
-        if key != "outbox" or not self.timeline:
+        if not key.startswith("outbox") or not self.timeline:
             yield
             return
         from outbox.signals import email_enqueued
@@ -354,7 +387,7 @@ class SideBySideMixin:
 
     @staticmethod
     def _sender(key: str) -> Callable[[str], Any]:
-        if key == "outbox":
+        if key.startswith("outbox"):
             from outbox import enqueue_email
 
             return lambda to: enqueue_email(SUBJECT, BODY, SENDER, [to])
