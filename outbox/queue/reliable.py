@@ -103,6 +103,11 @@ SCAN_PAGE = 10_000
 RELEASE_LEVEL = 2
 
 
+def release_level(announced: bytes | str | None) -> int:
+    """The release level a worker announced in ``{p}:releases``; none announced: 1 (0.1.0)."""
+    return int(announced or 1)
+
+
 class RedisQueue:
     """Key names and atomic operations of one outbox's Redis mirror."""
 
@@ -351,7 +356,9 @@ class RedisQueue:
         if not live:
             return []
         levels = cast(list[bytes | None], self.redis.hmget(self.releases_key, live))
-        return [w for w, level in zip(live, levels, strict=True) if int(level or 1) < RELEASE_LEVEL]
+        return [
+            w for w, level in zip(live, levels, strict=True) if release_level(level) < RELEASE_LEVEL
+        ]
 
     def waiting_ids(self) -> set[int]:
         """Every id in a ready list or ``scheduled``, read page by page.

@@ -13,7 +13,7 @@ from typing import Any, cast
 
 from ..conf import PRIORITIES, outbox_settings
 from ..queue import alarm, control, ratelimit
-from ..queue.reliable import RELEASE_LEVEL, RedisQueue
+from ..queue.reliable import RELEASE_LEVEL, RedisQueue, release_level
 
 
 def read_redis(
@@ -53,8 +53,7 @@ def _read_redis(
                 "heartbeat_age": round(max(0.0, now - float(score)), 3),
                 "alive": now - float(score) <= timeout,
                 "held": held[_text(w)],
-                # 0.1.0's workers announce none: level 1 (RedisQueue.earlier_releases).
-                "release_level": int(levels.get(_text(w)) or 1),
+                "release_level": release_level(levels.get(_text(w))),
             }
             for w, score in workers
         ],
