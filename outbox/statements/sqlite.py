@@ -1,8 +1,8 @@
 """The SQLite hot path, whole: every statement that runs once per email or per call.
 
-- ``CLAIMED_CONTENT``: what the worker's claim returns besides the row (the
+- ``MARKED_CONTENT``: what the worker's mark returns besides the row (the
   step's two UPDATEs are rendered from the table by ``outbox.transitions.hotpath``);
-- ``EMAIL``: an email's content, when the claim did not bring it;
+- ``EMAIL``: an email's content, when the mark did not bring it;
   ``TRACE_CONTEXT`` its trace context, when the worker traces;
 - ``ENQUEUE_MANY_EMAILS`` and ``ENQUEUE_MANY_DELIVERIES``: one chunk of
   ``enqueue_many``, two statements.
@@ -34,7 +34,7 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 # claim's RETURNING brings the email's content too, as one JSON object built by
 # this subquery, keyed by column name, unless the worker has it cached (%(known)s);
 # ``outbox/transitions/sql/sqlite.sql`` shows the claim whole.
-CLAIMED_CONTENT = """CASE WHEN email_id = %(known)s THEN NULL ELSE (
+MARKED_CONTENT = """CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_object('subject', e.subject, 'body', e.body,
             'html_message', e.html_message, 'from_email', e.from_email,
             'reply_to', json(e.reply_to), 'headers', json(e.headers), 'mailer', e.mailer,

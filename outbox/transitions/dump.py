@@ -20,7 +20,7 @@ COMMAND = "python -m outbox.transitions --write"
 # The worker's, run as raw statements: the transition, the function that writes
 # its statement, and what it is for.
 _WORKER: tuple[tuple[Transition, Callable[[str], str], str], ...] = (
-    (table.MARK, hotpath.claim, "the claim of one row (step 2)"),
+    (table.MARK, hotpath.mark, "the mark of one row (step 2)"),
     (table.SENT, hotpath.sent, "the success of one row (step 4)"),
     (table.MARK_COMPANIONS, hotpath.companions, "a drop-in message's other rows, to an ESP"),
     (table.RELEASE_COMPANIONS, hotpath.release_companions, "those rows back, unsent"),

@@ -26,10 +26,10 @@ from .table import MARK, MARK_COMPANIONS, RELEASE_COMPANIONS, SENT
 
 
 @functools.cache
-def claim(vendor: str) -> str:
+def mark(vendor: str) -> str:
     """Step 2, :data:`MARK` on the row ``%(claim_id)s``; SQLite's brings the email's content
-    too (``statements.sqlite.CLAIMED_CONTENT``), PostgreSQL's step function reads it itself."""
-    returns = MARK.returns if vendor == "postgresql" else (*MARK.returns, sqlite.CLAIMED_CONTENT)
+    too (``statements.sqlite.MARKED_CONTENT``), PostgreSQL's step function reads it itself."""
+    returns = MARK.returns if vendor == "postgresql" else (*MARK.returns, sqlite.MARKED_CONTENT)
     return MARK.sql(vendor, named(id="claim_id"), returning=returns)
 
 

@@ -66,7 +66,7 @@ Status = Delivery.Status
 KEEP_OPEN_SECONDS = 1.0
 
 
-def take_marked_row(worker: WorkerHost, flight: InFlight, claimed: rows.ClaimedRow | None) -> bool:
+def take_marked_row(worker: WorkerHost, flight: InFlight, claimed: rows.MarkedRow | None) -> bool:
     """Put on ``flight`` the row its mark returned; False means a stale id: drop it.
 
     The mark (its UPDATE) left the row naming the incarnation, the claim
@@ -89,7 +89,7 @@ def take_marked_row(worker: WorkerHost, flight: InFlight, claimed: rows.ClaimedR
             worker.stats.add("skipped")
             return False
         # Our earlier UPDATE committed; its reply was lost.
-        claimed = rows.ClaimedRow(owned, None, False)
+        claimed = rows.MarkedRow(owned, None, False)
     if claimed.expired:
         # The mark found it past its expires_at and cancelled it.
         logger.info("delivery %s expired before it was sent; cancelled", flight.id)

@@ -300,7 +300,7 @@ class SenderLoop:
             self.acks.append(flight.id)
         return held
 
-    def _settle_and_mark(self, flight: InFlight) -> tuple[int, rows.ClaimedRow | None]:
+    def _settle_and_mark(self, flight: InFlight) -> tuple[int, rows.MarkedRow | None]:
         """The settle of the outcome in hand and the mark of ``flight``, in one transaction.
 
         No outcome or a success goes through the group commit (``group_commit``);
@@ -317,7 +317,7 @@ class SenderLoop:
         one_writer = self.worker.sqlite_write_lock if self.vendor == "sqlite" else nullcontext()
         with one_writer, transaction.atomic(using=self.database):
             changed = write_outcome(s, now, self.worker.push_quietly) if s is not None else 0
-            return changed, sql.claim_row(flight.id, worker_id, token, now)
+            return changed, sql.mark_row(flight.id, worker_id, token, now)
 
     # -- step 4 on its own (settling.Settling), and giving back -------------------
 

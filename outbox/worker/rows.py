@@ -18,15 +18,15 @@ from ..models import Delivery, Email
 Status = Delivery.Status
 
 
-class ClaimedRow(NamedTuple):
+class MarkedRow(NamedTuple):
     delivery: Delivery
-    email: Email | None  # None: not read with the claim (cached, or SQLite)
+    email: Email | None  # None: not read with the mark (cached, or SQLite)
     has_attachments: bool
-    expired: bool = False  # claimed into `cancelled`: drop it, never send it
+    expired: bool = False  # marked `cancelled` (past its expires_at): drop it, never send it
 
 
-class ClaimColumns(NamedTuple):
-    """What the claim returns (``MARK``'s RETURNING), read by column name."""
+class MarkColumns(NamedTuple):
+    """What the mark returns (``MARK``'s RETURNING), read by column name."""
 
     email_id: int
     recipient: str
@@ -34,8 +34,8 @@ class ClaimColumns(NamedTuple):
     attempts: int
     max_attempts: int
     message_id: str
-    status: str  # cancelled: the claim found the row past its expires_at
-    content: str | None = None  # SQLite's CLAIM_WITH_CONTENT: the email's content, JSON
+    status: str  # cancelled: the mark found the row past its expires_at
+    content: str | None = None  # SQLite's MARKED_CONTENT: the email's content, JSON
 
 
 class CompanionColumns(NamedTuple):
@@ -95,7 +95,7 @@ def delivery_from(
     worker_id: str,
     token: uuid.UUID,
     now: datetime,
-    row: ClaimColumns | CompanionColumns | StepColumns,
+    row: MarkColumns | CompanionColumns | StepColumns,
     using: str,
 ) -> Delivery:
     """The claimed row as the worker needs it, from the RETURNING columns.

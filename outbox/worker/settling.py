@@ -103,7 +103,7 @@ class Settling:
         now: datetime,
         known: int,
         worker_id: str,
-    ) -> tuple[int, rows.ClaimedRow | None]:
+    ) -> tuple[int, rows.MarkedRow | None]:
         settle = (s.delivery.pk, s.flight.token) if s is not None else None
         step = sql.Step(settle, claim_id, worker_id, token, now, known)
         changed, claimed = self.worker.group_commit.run(step)

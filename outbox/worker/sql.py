@@ -34,10 +34,10 @@ from ..queue.entries import QueueEntry
 from ..statements import postgresql, sqlite
 from ..transitions import hotpath
 from .rows import (
-    ClaimColumns,
-    ClaimedRow,
     CompanionColumns,
     ContentColumns,
+    MarkColumns,
+    MarkedRow,
     StepColumns,
     delivery_from,
     email_from,
@@ -86,24 +86,24 @@ def _params(
     }
 
 
-def claim_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> ClaimedRow | None:
+def mark_row(pk: int, worker_id: str, token: uuid.UUID, now: datetime) -> MarkedRow | None:
     """The conditional UPDATE of step 2 with RETURNING (PostgreSQL, SQLite >= 3.35).
 
-    Returns the claimed row (the fields the worker needs), or None if the row
+    Returns the marked row (the fields the worker needs), or None if the row
     was not queued and due.
     """
     db = _db()
     with db.cursor() as cursor:
         cursor.execute(
-            hotpath.claim(db.vendor), _params(db, now, claim_id=pk, worker=worker_id, token=token)
+            hotpath.mark(db.vendor), _params(db, now, claim_id=pk, worker=worker_id, token=token)
         )
         found = cursor.fetchone()
         if found is None:
             return None
-        row = rows_by_name.one(ClaimColumns, cursor, found)
+        row = rows_by_name.one(MarkColumns, cursor, found)
     expired = row.status == Status.CANCELLED
     delivery = delivery_from(pk, worker_id, token, now, row, db.alias)
-    return ClaimedRow(delivery, None, False, expired)
+    return MarkedRow(delivery, None, False, expired)
 
 
 class Step(NamedTuple):
@@ -117,7 +117,7 @@ class Step(NamedTuple):
     known_email: int  # the email whose content the thread has (0: none)
 
 
-StepResult = tuple[int, ClaimedRow | None]  # rows the success changed, the claimed row
+StepResult = tuple[int, MarkedRow | None]  # rows the success changed, the claimed row
 
 
 def run_steps(steps: Sequence[Step], db: BaseDatabaseWrapper | None = None) -> list[StepResult]:
@@ -191,9 +191,9 @@ def _step_result(step: Step, row: StepColumns, using: str) -> StepResult:
     delivery = delivery_from(step.claim_id, step.worker_id, step.token, step.now, row, using)
     expired = row.claimed_status == Status.CANCELLED
     if row.subject is None or expired:
-        return settled, ClaimedRow(delivery, None, False, expired)
+        return settled, MarkedRow(delivery, None, False, expired)
     email = email_from(row.email_id, row, using)
-    return settled, ClaimedRow(delivery, email, bool(row.has_attachments))
+    return settled, MarkedRow(delivery, email, bool(row.has_attachments))
 
 
 def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepResult]:
@@ -207,7 +207,7 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
     """
     db.ensure_connection()
     raw = db.connection
-    found: list[tuple[int, ClaimColumns | None]] = []
+    found: list[tuple[int, MarkColumns | None]] = []
     with db.wrap_database_errors:
         cursor = raw.cursor()
         cursor.execute("BEGIN IMMEDIATE")
@@ -219,10 +219,10 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
                     cursor.execute(_dbapi_text(hotpath.sent("sqlite")), params)
                     settled = cursor.rowcount
                 if step.claim_id is not None:
-                    cursor.execute(_dbapi_text(hotpath.claim("sqlite")), params)
+                    cursor.execute(_dbapi_text(hotpath.mark("sqlite")), params)
                     claimed = cursor.fetchone()
                     if claimed is not None:
-                        row = rows_by_name.one(ClaimColumns, cursor, claimed)
+                        row = rows_by_name.one(MarkColumns, cursor, claimed)
                 found.append((settled, row))
             cursor.execute("COMMIT")
         except BaseException:
@@ -237,17 +237,17 @@ def _steps_sqlite(steps: Sequence[Step], db: BaseDatabaseWrapper) -> list[StepRe
     ]
 
 
-def _sqlite_result(step: Step, settled: int, row: ClaimColumns | None, using: str) -> StepResult:
+def _sqlite_result(step: Step, settled: int, row: MarkColumns | None, using: str) -> StepResult:
     if row is None:
         return settled, None
     assert step.claim_id is not None
     delivery = delivery_from(step.claim_id, step.worker_id, step.token, step.now, row, using)
     expired = row.status == Status.CANCELLED
     if row.content is None or expired:
-        return settled, ClaimedRow(delivery, None, False, expired)
+        return settled, MarkedRow(delivery, None, False, expired)
     content = ContentColumns(**json.loads(row.content))  # a JSON object: by key
     email = email_from(row.email_id, content, using)
-    return settled, ClaimedRow(delivery, email, bool(content.has_attachments))
+    return settled, MarkedRow(delivery, email, bool(content.has_attachments))
 
 
 @functools.cache

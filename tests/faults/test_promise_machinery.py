@@ -148,7 +148,7 @@ def committed_claim(worker: Worker, loop: SenderLoop, row: Delivery) -> uuid.UUI
     [item] = worker.queue.claim(worker.worker_id, 1).items
     token = uuid.uuid4()
     with transaction.atomic():
-        assert worker_sql.claim_row(row.pk, worker.worker_id, token, worker.clock.now())
+        assert worker_sql.mark_row(row.pk, worker.worker_id, token, worker.clock.now())
     flight = InFlight(item.id, item.priority, worker.worker_id)
     flight.draw_token(lambda: token)  # the mark was tried: its token is on the flight
     loop.pending.append(flight)

@@ -239,7 +239,7 @@ def comments_and_docstrings(path: str) -> Iterator[tuple[int, str]]:
                 yield n, text[n - 1]
 
 
-# A short dotted name (``settling.Settling``, ``sql.claim_row()``), not part of a
+# A short dotted name (``settling.Settling``, ``sql.mark_row()``), not part of a
 # path or of a longer name; and the target of a Sphinx role (:class:`~outbox.x.Y`,
 # :meth:`Sender.hand_over`, :func:`pause`), which may be a single name.
 SHORT = re.compile(r"(?<![\w./-])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")

@@ -138,7 +138,7 @@ def test_the_mark_writes_the_same_row_through_the_orm_as_the_workers_claim(case,
     (by_sql,), (by_orm,) = _rows(1), _rows(1)
     Delivery.objects.filter(pk__in=[by_sql.pk, by_orm.pk]).update(**MARK_CASES[case])
     now = timezone.now()
-    claimed = sql.claim_row(by_sql.pk, WORKER, TOKEN, now)
+    claimed = sql.mark_row(by_sql.pk, WORKER, TOKEN, now)
     changed = transitions.MARK.apply(
         by_orm.pk, TOKEN, now=now, worker=WORKER, expired=sql.EXPIRED_ERROR
     )

@@ -74,7 +74,7 @@ def _row(
     return delivery
 
 
-def _outcome(result: tuple[int, rows.ClaimedRow | None]) -> tuple[Any, ...]:
+def _outcome(result: tuple[int, rows.MarkedRow | None]) -> tuple[Any, ...]:
     settled, claimed = result
     if claimed is None:
         return (settled, None)
@@ -170,10 +170,10 @@ def _step(fast: bool, settle, claim_id, token, now, known):
         return sql.run_steps([sql.Step(settle, claim_id, "w#new", token, now, known)])[0]
     with transaction.atomic():
         settled = sql.mark_sent(settle[0], settle[1], now) if settle is not None else 0
-        claimed = sql.claim_row(claim_id, "w#new", token, now) if claim_id else None
+        claimed = sql.mark_row(claim_id, "w#new", token, now) if claim_id else None
     if claimed is not None and not claimed.expired and claimed.delivery.email_id != known:
         email, attachments = sql.load_email(claimed.delivery.email_id)
-        claimed = rows.ClaimedRow(claimed.delivery, email, attachments, claimed.expired)
+        claimed = rows.MarkedRow(claimed.delivery, email, attachments, claimed.expired)
     return settled, claimed
 
 

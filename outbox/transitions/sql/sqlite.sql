@@ -5,7 +5,7 @@
 
 -- == The worker's, run as these statements (outbox.transitions.hotpath) ==
 
--- MARK ("mark"), hotpath.claim: the claim of one row (step 2)
+-- MARK ("mark"), hotpath.mark: the mark of one row (step 2)
 UPDATE outbox_delivery SET
     status = CASE WHEN expires_at <= %(now_instant)s THEN 'cancelled' ELSE 'processing' END,
     last_error = CASE WHEN expires_at <= %(now_instant)s THEN %(expired)s ELSE last_error END,
