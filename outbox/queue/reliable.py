@@ -351,14 +351,16 @@ class RedisQueue:
         return pushed
 
     def earlier_releases(self) -> list[str]:
-        """Live incarnations of a release below :data:`RELEASE_LEVEL` (none announced)."""
-        live = list(self.live_workers())
-        if not live:
-            return []
-        levels = cast(list[bytes | None], self.redis.hmget(self.releases_key, live))
-        return [
-            w for w, level in zip(live, levels, strict=True) if release_level(level) < RELEASE_LEVEL
-        ]
+        """Live incarnations of a release below :data:`RELEASE_LEVEL` (none announced).
+
+        One round trip, one snapshot: the registered incarnations and the
+        levels announced, read in a MULTI.
+        """
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrange(self.workers_key, 0, -1)
+        pipe.hgetall(self.releases_key)
+        live, levels = cast(tuple[list[bytes], dict[bytes, bytes]], pipe.execute())
+        return [decode(w) for w in live if release_level(levels.get(w)) < RELEASE_LEVEL]
 
     def waiting_ids(self) -> set[int]:
         """Every id in a ready list or ``scheduled``, read page by page.
