@@ -211,6 +211,10 @@ def _worker_context(site: AdminSite, redis_part: dict[str, Any]) -> dict[str, An
                 "held_count": len(w["held"]),
                 "held": held(w["held"]),
                 "held_more": max(0, len(w["held"]) - HELD_SHOWN),
+                # The README's "Upgrading": the sweeper clears no content while it runs.
+                "earlier_release": (
+                    w["release_level"] if w["release_level"] < redis_part["release_level"] else None
+                ),
             }
             for w in workers
             if w["alive"]

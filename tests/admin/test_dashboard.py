@@ -159,6 +159,20 @@ def test_workers_with_heartbeat_age_and_what_they_hold(viewer, known_state):
     assert "1 live worker" in page
 
 
+def test_a_worker_of_an_earlier_release_is_named(viewer, known_state, queue):
+    """A rolling upgrade: 0.1.0's workers announce no level (outbox_status says the same)."""
+    queue.register("mailhost:2:current")  # this release's: its level announced
+    register_worker(queue, "mailhost:1:earlier", 1)  # as 0.1.0's register.lua writes it
+    response = viewer.get(URL)
+    workers = {w["id"]: w for w in response.context["live_workers"]}
+    assert workers["mailhost:1:earlier"]["earlier_release"] == 1
+    assert workers["mailhost:2:current"]["earlier_release"] is None
+    page = response.content.decode()
+    assert page.count("(an earlier release, level 1: content is kept)") == 2  # the fixture's too
+    assert re.search(r"mailhost:1:earlier</code> <span[^>]*>\(an earlier release", page)
+    assert not re.search(r"mailhost:2:current</code> <span", page)
+
+
 def test_redis_agreement(viewer, known_state, queue):
     agreement = {p["key"]: p for p in viewer.get(URL).context["agreement"]}
     assert agreement["ready"]["agrees"] is True and agreement["scheduled"]["agrees"] is True
