@@ -220,6 +220,21 @@ def resume(
     return state
 
 
+def resume_mailer(
+    mailer: str, queue: RedisQueue | None = None, by: str = ""
+) -> tuple[ControlState, bool]:
+    """Forget the pause of ``mailer`` alone (``""``: the default mailer); True if it had one.
+
+    What a send through it that succeeds does (:func:`accepted`), on an
+    operator's word: the global switch, the domains and the other mailers stay
+    as they are. ``by`` is logged as for :func:`pause`.
+    """
+    state, forgot = accepted(mailer, queue)
+    if by and forgot:
+        logger.warning("mailer %r resumed by %s", mailer, by)
+    return state, forgot
+
+
 def slow_down(domain: str, seconds: float, queue: RedisQueue | None = None) -> ControlState:
     """Hold a domain for ``seconds`` (its server asked us to slow down); returns the state."""
     return _run(queue, "slow", domain, f"{seconds:.3f}")

@@ -192,6 +192,30 @@ def test_a_refused_mailer_pauses_alone_each_pause_in_a_row_twice_as_long(queue, 
     assert control.accepted("bulk", queue) == (state, False)
 
 
+def test_resume_of_one_mailer_leaves_every_other_switch(queue, settings):
+    """A fixed key for one mailer: the global pause, a domain and the other mailer stay."""
+    bulk = "django.core.mail.backends.locmem.EmailBackend"
+    if hasattr(settings, "MAILERS"):  # Django 6.1 (tests/settings.py)
+        settings.MAILERS = {**settings.MAILERS, "bulk": {"BACKEND": bulk}}
+    else:
+        settings.OUTBOX = {**settings.OUTBOX, "BACKENDS": {"bulk": bulk}}
+    control.refuse("", "Postmark refused its credential (HTTP 401: x)", queue)
+    control.refuse("bulk", "Mailgun refused its credential (HTTP 401: y)", queue)
+    run("outbox_pause")
+    run("outbox_pause", "--domain", "gmail.com")
+    assert run("outbox_resume", "--mailer", "bulk") == "Resumed mailer 'bulk'.\n"
+    state = control.state(queue)
+    assert set(state.paused_mailers) == {""}
+    assert state.paused and set(state.paused_domains) == {"gmail.com"}
+    assert run("outbox_resume", "--mailer", "bulk") == "Mailer 'bulk' was not paused.\n"
+    assert run("outbox_resume", "--mailer", "") == "Resumed the default mailer.\n"
+    assert control.state(queue).paused_mailers == {} and control.state(queue).paused
+    with pytest.raises(CommandError, match=r"no mailer 'nope' is configured \(known: '', 'bulk'"):
+        run("outbox_resume", "--mailer", "nope")
+    with pytest.raises(CommandError, match="not allowed with argument"):
+        run("outbox_resume", "--mailer", "bulk", "--domain", "gmail.com")
+
+
 def test_resume_forgets_the_mailers_pauses_and_status_says_why(queue):
     control.refuse("", "Postmark refused its credential (HTTP 401: no valid Server token)", queue)
     control.refuse("bulk", "its backend cannot be used: missing MAILGUN_API_KEY", queue)
