@@ -31,9 +31,9 @@ repeats the status the row must be in; parameters are named (``%(name)s``).
 # The worker's step is two transitions of ``outbox.transitions.table`` (SENT and
 # MARK), rendered for SQLite by ``outbox.transitions.hotpath`` and run in one
 # transaction (``outbox.worker.sql._steps_sqlite``: SQLite has no data-modifying CTE). The
-# claim's RETURNING brings the email's content too, as one JSON object built by
+# mark's RETURNING brings the email's content too, as one JSON object built by
 # this subquery, keyed by column name, unless the worker has it cached (%(known)s);
-# ``outbox/transitions/sql/sqlite.sql`` shows the claim whole.
+# ``outbox/transitions/sql/sqlite.sql`` shows the mark whole.
 MARKED_CONTENT = """CASE WHEN email_id = %(known)s THEN NULL ELSE (
         SELECT json_object('subject', e.subject, 'body', e.body,
             'html_message', e.html_message, 'from_email', e.from_email,

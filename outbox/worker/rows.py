@@ -51,7 +51,7 @@ class CompanionColumns(NamedTuple):
 
 
 class ContentColumns(NamedTuple):
-    """An email's content as ``EMAIL`` returns it (and SQLite's claim, as JSON keys)."""
+    """An email's content as ``EMAIL`` returns it (and SQLite's mark, as JSON keys)."""
 
     subject: str
     body: str
@@ -67,8 +67,8 @@ class ContentColumns(NamedTuple):
 class StepColumns(NamedTuple):
     """A step's row: the columns of ``outbox_step()`` and ``outbox_steps()``.
 
-    The claim's columns are None when nothing was claimed, the content's when
-    the worker has the email cached (or the claim found the row expired).
+    The mark's columns are None when nothing was marked, the content's when
+    the worker has the email cached (or the mark found the row expired).
     """
 
     settled: int
@@ -98,7 +98,7 @@ def delivery_from(
     row: MarkColumns | CompanionColumns | StepColumns,
     using: str,
 ) -> Delivery:
-    """The claimed row as the worker needs it, from the RETURNING columns.
+    """The marked row as the worker needs it, from the RETURNING columns.
 
     The columns the statements do not return are left as ``Delivery()``
     would set them, except ``not_before``: the row was due at ``now``.

@@ -24,10 +24,9 @@ class Command(BaseCommand):
     help = (
         "Resume sending after outbox_pause: workers claim again within BLOCK_TIMEOUT. "
         "Without --domain or --mailer this lifts the global pause (domain pauses stay), "
-        "clears the "
-        "'lost' mark outbox_status shows after Redis lost the switches, and forgets the "
-        "pauses of mailers whose ESP refused their credential (rows already held for one "
-        "wait for its planned end)."
+        "clears the 'lost' mark outbox_status shows after Redis lost the switches, and "
+        "forgets the pauses of mailers whose ESP refused their credential (rows already "
+        "held for one wait for its planned end)."
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
