@@ -47,11 +47,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         domain, mailer = options["domain"], options["mailer"]
-        if mailer is not None:
-            self._resume_mailer(mailer)
-            return
         try:
-            state = control.resume(domain)
+            said = self._resume_mailer(mailer) if mailer is not None else self._resume(domain)
         except ValidationError as exc:
             raise CommandError("; ".join(exc.messages)) from exc
         except RedisError as exc:
@@ -60,30 +57,24 @@ class Command(BaseCommand):
                 f"{type(exc).__name__}: {exc}",
                 returncode=EXIT_UNAVAILABLE,
             ) from exc
-        if domain:
-            self.stdout.write(f"Resumed mail to {domain.strip().lower()}.")
-        elif state.paused_domains:
-            still = ", ".join(sorted(state.paused_domains))
-            self.stdout.write(f"Resumed sending; still paused: {still}.")
-        else:
-            self.stdout.write("Resumed sending.")
+        self.stdout.write(said)
 
-    def _resume_mailer(self, mailer: str) -> None:
+    @staticmethod
+    def _resume(domain: str | None) -> str:
+        state = control.resume(domain)
+        if domain:
+            return f"Resumed mail to {domain.strip().lower()}."
+        if state.paused_domains:
+            return f"Resumed sending; still paused: {', '.join(sorted(state.paused_domains))}."
+        return "Resumed sending."
+
+    @staticmethod
+    def _resume_mailer(mailer: str) -> str:
         if mailer and mailer not in mailers.names():
             known = ", ".join(repr(m) for m in ["", *mailers.delivery_mailers()])
             raise CommandError(
                 f'no mailer {mailer!r} is configured (known: {known}; "" is the default mailer)'
             )
         name = f"mailer {mailer!r}" if mailer else "the default mailer"
-        try:
-            _state, forgot = control.resume_mailer(mailer)
-        except RedisError as exc:
-            raise CommandError(
-                f"Redis ({redis_address()}) is unreachable, nothing was resumed: "
-                f"{type(exc).__name__}: {exc}",
-                returncode=EXIT_UNAVAILABLE,
-            ) from exc
-        if forgot:
-            self.stdout.write(f"Resumed {name}.")
-        else:
-            self.stdout.write(f"{name[0].upper()}{name[1:]} was not paused.")
+        _state, forgot = control.resume_mailer(mailer)
+        return f"Resumed {name}." if forgot else f"{name[0].upper()}{name[1:]} was not paused."
