@@ -62,10 +62,16 @@ LATENCY_SECONDS = 10.0
 # -- CPU counters ---------------------------------------------------------------------------
 
 
-def machine_busy() -> float:
-    """Busy CPU seconds of the whole machine (/proc/stat: all but idle and iowait)."""
+def machine_ticks() -> list[int]:
+    """The whole machine's CPU ticks so far, /proc/stat's first line: user, nice, system,
+    idle, iowait, irq, softirq, steal."""
     with open("/proc/stat") as f:
-        v = [int(x) for x in f.readline().split()[1:9]]
+        return [int(x) for x in f.readline().split()[1:9]]
+
+
+def machine_busy() -> float:
+    """Busy CPU seconds of the whole machine (all but idle and iowait)."""
+    v = machine_ticks()
     return (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / HZ
 
 

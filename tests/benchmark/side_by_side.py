@@ -49,7 +49,7 @@ from typing import Any
 
 from tests.benchmark import probe
 from tests.benchmark.common import BODY, SENDER, SUBJECT, free_port
-from tests.benchmark.efficiency import pctl, pid_cpu, tree_cpu
+from tests.benchmark.efficiency import machine_ticks, pctl, pid_cpu, tree_cpu
 from tests.benchmark.sending import _Sink, _wait, _Workers
 from tests.benchmark.timeline import analyse, timeline_section
 
@@ -450,10 +450,9 @@ def _cpu(roots: list[int], servers: list[int]) -> dict[str, float]:
 
 
 def _machine_ticks() -> tuple[int, int]:
-    """The machine's (steal, total) CPU ticks so far: /proc/stat's first line."""
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:9]]  # user .. steal
-    return fields[7], sum(fields)
+    """The machine's (steal, total) CPU ticks so far."""
+    ticks = machine_ticks()
+    return ticks[7], sum(ticks)
 
 
 def _steal_share(before: tuple[int, int], after: tuple[int, int]) -> float:
