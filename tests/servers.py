@@ -12,6 +12,8 @@
   reply once, then accepts it (a temporary refusal that passes).
 - :class:`SilentServer`: accepts TCP connections and never says a word (no
   SMTP greeting), until stopped.
+- :class:`ScriptedSMTP`: an SMTP server whose replies the test chooses, that
+  offers PIPELINING and tells whether a client's commands came pipelined.
 
 And the small helpers the tests share: :func:`wait_until`,
 :func:`subprocess_env`, :func:`sample_message`, :func:`empty_outbox`.
@@ -187,6 +189,8 @@ class SMTPRecorder:
     data_reply: str = "250 Message accepted for delivery"
     greeting_host: str = ""
     log: Path | None = None
+    # Offer PIPELINING in the EHLO reply (aiosmtpd reads pipelined commands in order).
+    pipelining: bool = False
     received: list[Received] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -216,6 +220,14 @@ class SMTPRecorder:
 
     def stop(self) -> None:
         self.controller.stop()
+
+    async def handle_EHLO(
+        self, server: Any, session: Any, envelope: Any, hostname: str, responses: list[str]
+    ) -> list[str]:
+        session.host_name = hostname  # what aiosmtpd does without this hook
+        if self.pipelining:
+            responses.insert(-1, "250-PIPELINING")
+        return responses
 
     async def handle_RCPT(
         self, server: Any, session: Any, envelope: Any, address: str, rcpt_options: Any
@@ -349,6 +361,202 @@ class SilentServer:
             for conn in self.accepted:
                 conn.close()
             self.accepted.clear()
+
+
+@dataclass
+class Transaction:
+    """One mail transaction a :class:`ScriptedSMTP` saw, from MAIL on."""
+
+    mail_from: str
+    # Whether RCPT and DATA had arrived before MAIL was answered: pipelined.
+    pipelined: bool
+    recipients: list[str] = field(default_factory=list)  # those answered 250
+    body: bytes | None = None  # the message, dots unstuffed, once the final dot came
+
+
+class ScriptedSMTP:
+    """An SMTP server on loopback with the replies a test chooses; it offers PIPELINING.
+
+    ``mail_reply`` answers MAIL, ``refuse`` maps a recipient to its RCPT
+    reply (others get 250), ``data_reply`` answers DATA (None: 354, or 554
+    when no recipient was accepted), ``final_reply`` answers the final dot.
+    A reply that starts with 421 is followed by the close of the connection.
+    Before it answers a MAIL it waits up to ``hold`` seconds for the DATA
+    line: a pipelining client has sent it already, one that waits for each
+    reply has not (:attr:`Transaction.pipelined`). ``commands``: every
+    command line, in order, of every connection.
+    """
+
+    def __init__(
+        self,
+        *,
+        pipelining: bool = True,
+        mail_reply: str = "250 OK",
+        refuse: dict[str, str] | None = None,
+        data_reply: str | None = None,
+        final_reply: str = "250 2.0.0 queued",
+        hold: float = 0.3,
+    ) -> None:
+        self.pipelining = pipelining
+        self.mail_reply = mail_reply
+        self.refuse = refuse or {}
+        self.data_reply = data_reply
+        self.final_reply = final_reply
+        self.hold = hold
+        self.transactions: list[Transaction] = []
+        self.commands: list[str] = []
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.listener.getsockname()[1])
+        self.conns: list[socket.socket] = []
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> ScriptedSMTP:
+        thread = threading.Thread(target=self._accept, name="scripted-smtp", daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return self
+
+    def stop(self) -> None:
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        with self.lock:
+            for conn in self.conns:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)
+                conn.close()
+        for thread in self.threads:
+            thread.join(timeout=5)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _addr = self.listener.accept()
+            except OSError:  # the listener was closed: stop
+                return
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self.lock:
+                self.conns.append(conn)
+                self.threads.append(thread)
+            thread.start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        reader = _Lines(conn)
+        try:
+            self._converse(conn, reader)
+        except (OSError, EOFError):
+            pass
+        finally:
+            # Say goodbye before closing: a close with unread pipelined commands
+            # would reset the connection, and the client could lose our last reply.
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_WR)
+                conn.settimeout(1.0)
+                while conn.recv(65536):
+                    pass
+            conn.close()
+
+    def _converse(self, conn: socket.socket, reader: _Lines) -> None:
+        conn.sendall(b"220 scripted.test ESMTP\r\n")
+        transaction: Transaction | None = None
+        while True:
+            line = reader.line()
+            verb = line.split(" ", 1)[0].split(":", 1)[0].upper()
+            with self.lock:
+                self.commands.append(line)
+            if verb == "EHLO":
+                offers = ["250-scripted.test", "250-SIZE 10000000", "250 8BITMIME"]
+                if self.pipelining:
+                    offers.insert(1, "250-PIPELINING")
+                reply = "\r\n".join(offers)
+            elif verb == "MAIL":
+                pipelined = reader.wait_for(b"DATA\r\n", self.hold)
+                transaction = Transaction(_bracketed(line), pipelined)
+                reply = self.mail_reply
+                if reply.startswith("250"):
+                    with self.lock:
+                        self.transactions.append(transaction)
+                else:
+                    transaction = None
+            elif verb == "RCPT":
+                address = _bracketed(line)
+                if transaction is None:
+                    reply = "503 5.5.1 Error: need MAIL command"
+                else:
+                    reply = self.refuse.get(address, "250 OK")
+                    if reply.startswith("250"):
+                        transaction.recipients.append(address)
+            elif verb == "DATA":
+                accepted = transaction is not None and bool(transaction.recipients)
+                reply = self.data_reply or (
+                    "354 End data with <CR><LF>.<CR><LF>"
+                    if accepted
+                    else "554 5.5.1 Error: no valid recipients"
+                )
+                if reply.startswith("354"):
+                    conn.sendall(reply.encode() + b"\r\n")
+                    body = reader.body()
+                    if transaction is not None:
+                        transaction.body = body
+                    reply = self.final_reply if accepted else "554 5.5.1 no valid recipients"
+                    transaction = None
+            elif verb == "RSET":
+                transaction, reply = None, "250 OK"
+            elif verb == "QUIT":
+                conn.sendall(b"221 Bye\r\n")
+                return
+            else:
+                reply = "250 OK"
+            conn.sendall(reply.encode() + b"\r\n")
+            if reply.startswith("421"):
+                return
+
+
+class _Lines:
+    """The lines a client wrote on ``conn``, read as they come."""
+
+    def __init__(self, conn: socket.socket) -> None:
+        self.conn = conn
+        self.buffer = b""
+
+    def _more(self) -> None:
+        data = self.conn.recv(65536)
+        if not data:
+            raise EOFError
+        self.buffer += data
+
+    def line(self) -> str:
+        while b"\r\n" not in self.buffer:
+            self._more()
+        raw, self.buffer = self.buffer.split(b"\r\n", 1)
+        return raw.decode("utf-8", "replace")
+
+    def wait_for(self, marker: bytes, timeout: float) -> bool:
+        """Whether ``marker`` arrives within ``timeout`` seconds, without waiting for a reply."""
+        deadline = time.monotonic() + timeout
+        while marker not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self.conn.settimeout(left)
+            try:
+                self._more()
+            except TimeoutError:
+                return False
+            finally:
+                self.conn.settimeout(None)
+        return True
+
+    def body(self) -> bytes:
+        lines = []
+        while (line := self.line()) != ".":
+            lines.append(line[1:] if line.startswith(".") else line)
+        return "".join(f"{line}\r\n" for line in lines).encode()
+
+
+def _bracketed(command: str) -> str:
+    return command.split("<", 1)[1].split(">", 1)[0] if "<" in command else ""
 
 
 def subprocess_env(**extra: str) -> dict[str, str]:

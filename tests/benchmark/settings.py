@@ -11,7 +11,8 @@
 - The latency part's peers (side_by_side.py): Celery + django-celery-email
   (BENCH_CELERY_BROKER_URL, its own redis-server; peer_celery.py) and Django Tasks +
   django-tasks-db (peer_tasks.py); BENCH_CONN_MAX_AGE sets CONN_MAX_AGE (None:
-  persistent); BENCH_TIMELINE (a folder) installs the timeline probe (probe.py).
+  persistent); BENCH_TIMELINE (a folder) installs the timeline probe (probe.py);
+  BENCH_SMTP_PIPELINING=0 turns the outbox's SMTP pipelining off (OUTBOX["SMTP_PIPELINING"]).
 """
 
 import json
@@ -127,6 +128,8 @@ else:
 # Every system delivers through the same backend.
 EMAIL_BACKEND = DELIVERY_BACKEND
 OUTBOX = {"EMAIL_BACKEND": DELIVERY_BACKEND, "METRICS_TOKEN": "bench-only-metrics-token"}
+if os.environ.get("BENCH_SMTP_PIPELINING") == "0":
+    OUTBOX["SMTP_PIPELINING"] = False
 if os.environ.get("BENCH_RATE_LIMITS"):
     # The sending-control part (tests/benchmark/sending.py).
     OUTBOX["RATE_LIMITS"] = json.loads(os.environ["BENCH_RATE_LIMITS"])

@@ -87,6 +87,8 @@ class System:
         shown = f"{self.processes} x {shown}" if self.processes > 1 else shown
         shown = shown.replace("tests.benchmark.switch ", "")
         extra = ", CONN_MAX_AGE None" if self.env.get("BENCH_CONN_MAX_AGE") == "none" else ""
+        if self.env.get("BENCH_SMTP_PIPELINING") == "0":
+            extra += ', OUTBOX["SMTP_PIPELINING"] False'
         if "BENCH_SWITCH_INTERVAL" in self.env:
             extra += f", sys.setswitchinterval({self.env['BENCH_SWITCH_INTERVAL']})"
         beside = f"; beside it {self.beside.removeprefix('django ')}" if self.beside else ""
@@ -137,6 +139,15 @@ SYSTEMS: dict[str, System] = {
             steps=_OURS_STEPS,
         ),
         System("outbox-nosweep", "outbox", f"django {OURS}", steps=_OURS_STEPS),
+        # The documented configuration with SMTP pipelining off: one command per round trip.
+        System(
+            "outbox-unpipelined",
+            "outbox",
+            f"django {OURS}",
+            env={"BENCH_SMTP_PIPELINING": "0"},
+            beside="django outbox_sweep --loop 15",
+            steps=_OURS_STEPS,
+        ),
         System(
             "celery-prefork",
             "Celery + django-celery-email",

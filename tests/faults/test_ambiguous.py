@@ -39,10 +39,11 @@ from tests.servers import sample_message as message
 Status = Delivery.Status
 
 
-@pytest.fixture
-def cutting_server() -> Iterator[SMTPRecorder]:
-    """Records each message, then closes the connection instead of replying to the dot."""
-    server = SMTPRecorder(after_data="cut").start()
+@pytest.fixture(params=[False, True], ids=["one-at-a-time", "pipelined"])
+def cutting_server(request) -> Iterator[SMTPRecorder]:
+    """Records each message, then closes the connection instead of replying to the dot;
+    once offering PIPELINING (the worker then writes MAIL, RCPT and DATA at once)."""
+    server = SMTPRecorder(after_data="cut", pipelining=request.param).start()
     yield server
     server.stop()
 

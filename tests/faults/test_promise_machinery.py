@@ -25,7 +25,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import pytest
@@ -330,8 +330,16 @@ def smtp_backend(settings, port: int):
     return get_delivery_connection()
 
 
+@pytest.fixture(params=[False, True], ids=["one-at-a-time", "pipelined"])
+def either_server(request) -> Iterator[SMTPRecorder]:
+    """An SMTP server on loopback; once offering PIPELINING (MAIL, RCPT and DATA come at once)."""
+    server = SMTPRecorder(pipelining=request.param).start()
+    yield server
+    server.stop()
+
+
 @pytest.mark.parametrize("may", [True, False])
-def test_the_fence_is_asked_before_smtps_final_dot(may, settings, smtp_server):
+def test_the_fence_is_asked_before_smtps_final_dot(may, settings, either_server):
     """Without the dot the server never takes the message: a 'no' there hands nothing over."""
     from django.core.mail import EmailMessage
 
@@ -339,13 +347,13 @@ def test_the_fence_is_asked_before_smtps_final_dot(may, settings, smtp_server):
     from outbox.mail.handover import watch_handover
 
     asked: list[int] = []
-    backend = smtp_backend(settings, smtp_server.port)
+    backend = smtp_backend(settings, either_server.port)
     backend.open()
-    watch_handover(backend, fence=lambda: asked.append(smtp_server.count()) or may)
+    watch_handover(backend, fence=lambda: asked.append(either_server.count()) or may)
     message = EmailMessage("s", "body\n" * 1000, "shop@example.com", ["a@example.com"])
     if may:
         assert backend.send_messages([message]) == 1
-        wait_until(lambda: smtp_server.count() == 1, 5)
+        wait_until(lambda: either_server.count() == 1, 5)
     else:
         with pytest.raises(SendFencedError):
             backend.send_messages([message])
@@ -353,8 +361,8 @@ def test_the_fence_is_asked_before_smtps_final_dot(may, settings, smtp_server):
         # The server saw the body but no end to it; a new connection works.
         again = get_delivery_connection()
         assert again.send_messages([EmailMessage("t", "b", "shop@example.com", ["b@x.org"])]) == 1
-        wait_until(lambda: smtp_server.count() == 1, 5)
-        assert [r.rcpt_tos for r in smtp_server.received] == [["b@x.org"]]
+        wait_until(lambda: either_server.count() == 1, 5)
+        assert [r.rcpt_tos for r in either_server.received] == [["b@x.org"]]
     assert asked == [0]  # asked once, with the body written and nothing accepted yet
 
 
