@@ -195,10 +195,11 @@ class HandoverSMTP(smtplib.SMTP):
 
         MAIL, every RCPT and DATA go in one write, then their replies are
         read in order: one round trip before the body instead of two plus one
-        per recipient. What it raises and returns, and when it closes the
-        connection or resets the transaction, is what smtplib's does. Each
-        reply is read whatever the one before it said, so that the connection
-        stays in step for the next message. The body goes as ``data()``'s
+        per recipient. What it raises and returns is what smtplib's does, and
+        it closes or resets when smtplib's does; DATA's own refusal is reset
+        (or closed, for a 421) too, where smtplib leaves the transaction open
+        for the server to refuse the next MAIL. Each reply is read whatever
+        the one before it said, so that the connection stays in step. The body goes as ``data()``'s
         does: watched, the fence asked before the final dot. A ``str``
         message and the SMTPUTF8 option go smtplib's way, unpipelined.
         """
@@ -265,17 +266,17 @@ class HandoverSMTP(smtplib.SMTP):
             self.close()
             return
         try:
-            if code == 354:
-                self.send(b".\r\n")
-                pending += 1
-            for _ in range(pending):
-                code, _reply = self.getreply()
-                if code == 421:
-                    self.close()
-                    return
+            while True:
                 if code == 354:
                     self.send(b".\r\n")
                     pending += 1
+                if not pending:
+                    break
+                code, _reply = self.getreply()
+                pending -= 1
+                if code == 421:
+                    self.close()
+                    return
             self.rset()
         except (smtplib.SMTPServerDisconnected, OSError):
             self.close()

@@ -94,8 +94,13 @@ REFUSALS = {
     ),
     "data": ({"data_reply": "451 4.3.0 try again later"}, smtplib.SMTPDataError, 451),
     "final dot": ({"final_reply": "554 5.7.1 spam"}, smtplib.SMTPDataError, 554),
-    # A server that says 354 to the DATA of a transaction without a recipient
-    # gets the final dot alone: an empty message, to nobody.
+    # A server that says 354 to the DATA of a transaction without a sender or a
+    # recipient gets the final dot alone: an empty message, to nobody.
+    "sender, then 354": (
+        {"mail_reply": "550 5.7.1 sender rejected", "data_reply": "354 go on"},
+        smtplib.SMTPSenderRefused,
+        550,
+    ),
     "recipient, then 354": (
         {"refuse": {"a@example.com": "550 5.1.1 no such user"}, "data_reply": "354 go on"},
         smtplib.SMTPRecipientsRefused,
