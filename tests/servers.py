@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import redis
 from django.core.mail import EmailMessage
@@ -318,21 +318,24 @@ class RefusingSenders(SMTPRecorder):
         return "250 OK"
 
 
-class SilentServer:
-    """A TCP server on loopback that accepts connections and never sends anything.
+class LoopbackServer:
+    """A TCP server on loopback that accepts connections and holds them until :meth:`stop`.
 
-    For a mail server that never answers the greeting. Connections are held
-    open until :meth:`stop`, which closes them and the listening socket.
+    Each connection is handed to :meth:`_connected` (here: nothing, it is only
+    held). :meth:`stop` closes the listening socket and every connection, and
+    joins the threads :meth:`_connected` started (``serving``).
     """
 
     def __init__(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self.listener.getsockname()[1])
         self.accepted: list[socket.socket] = []
+        self.serving: list[threading.Thread] = []
         self.lock = threading.Lock()
-        self.thread = threading.Thread(target=self._accept, name="silent-server", daemon=True)
+        name = type(self).__name__
+        self.thread = threading.Thread(target=self._accept, name=name, daemon=True)
 
-    def start(self) -> SilentServer:
+    def start(self) -> Self:
         self.thread.start()
         return self
 
@@ -344,6 +347,10 @@ class SilentServer:
                 return
             with self.lock:
                 self.accepted.append(conn)
+            self._connected(conn)
+
+    def _connected(self, conn: socket.socket) -> None:
+        """A new connection, already in ``accepted``."""
 
     def connections(self) -> int:
         with self.lock:
@@ -351,16 +358,26 @@ class SilentServer:
 
     def stop(self) -> None:
         # shutdown() wakes the accept() blocked in the thread; close() alone may not.
-        try:
+        with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
         self.listener.close()
         self.thread.join(timeout=5)
         with self.lock:
             for conn in self.accepted:
+                with contextlib.suppress(OSError):
+                    conn.shutdown(socket.SHUT_RDWR)  # wakes a thread reading it
                 conn.close()
             self.accepted.clear()
+        for thread in self.serving:
+            thread.join(timeout=5)
+
+
+class SilentServer(LoopbackServer):
+    """A TCP server on loopback that accepts connections and never sends anything.
+
+    For a mail server that never answers the greeting. Connections are held
+    open until :meth:`stop`, which closes them and the listening socket.
+    """
 
 
 @dataclass
@@ -374,7 +391,7 @@ class Transaction:
     body: bytes | None = None  # the message, dots unstuffed, once the final dot came
 
 
-class ScriptedSMTP:
+class ScriptedSMTP(LoopbackServer):
     """An SMTP server on loopback with the replies a test chooses; it offers PIPELINING.
 
     ``mail_reply`` answers MAIL, ``refuse`` maps a recipient to its RCPT
@@ -405,41 +422,13 @@ class ScriptedSMTP:
         self.hold = hold
         self.transactions: list[Transaction] = []
         self.commands: list[str] = []
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = int(self.listener.getsockname()[1])
-        self.conns: list[socket.socket] = []
-        self.threads: list[threading.Thread] = []
+        super().__init__()
 
-    def start(self) -> ScriptedSMTP:
-        thread = threading.Thread(target=self._accept, name="scripted-smtp", daemon=True)
-        thread.start()
-        self.threads.append(thread)
-        return self
-
-    def stop(self) -> None:
-        with contextlib.suppress(OSError):
-            self.listener.shutdown(socket.SHUT_RDWR)
-        self.listener.close()
+    def _connected(self, conn: socket.socket) -> None:
+        thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
         with self.lock:
-            for conn in self.conns:
-                with contextlib.suppress(OSError):
-                    conn.shutdown(socket.SHUT_RDWR)
-                conn.close()
-        for thread in self.threads:
-            thread.join(timeout=5)
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                conn, _addr = self.listener.accept()
-            except OSError:  # the listener was closed: stop
-                return
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
-            with self.lock:
-                self.conns.append(conn)
-                self.threads.append(thread)
-            thread.start()
+            self.serving.append(thread)
+        thread.start()
 
     def _serve(self, conn: socket.socket) -> None:
         reader = _Lines(conn)
