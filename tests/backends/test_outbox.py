@@ -8,6 +8,7 @@ delivers through the mailer OUTBOX["MAILER"]. Neither may warn.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from email.message import MIMEPart
 from email.mime.application import MIMEApplication
 from email.mime.image import MIMEImage
@@ -27,7 +28,8 @@ from outbox.backends import OutboxBackend
 from outbox.mail.targets import HAS_MAILERS
 from outbox.models import Attachment, Delivery, Email
 from outbox.queue import RedisQueue
-from tests.delivery import OUTBOX_BACKEND, deliver, use_outbox, use_smtp_delivery
+from tests.delivery import OUTBOX_BACKEND, deliver, use_outbox, use_smtp, use_smtp_delivery
+from tests.servers import ScriptedSMTP, SMTPRecorder
 
 pytestmark = [
     pytest.mark.django_db(transaction=True),
@@ -231,7 +233,16 @@ def test_ids_reach_redis_only_after_commit(outbox, queue):
 # -- fan-out, checked on what a real SMTP server receives -----------------------------
 
 
-def test_fan_out_over_smtp(settings, smtp_server):
+@pytest.fixture(params=[False, True], ids=["one-at-a-time", "pipelined"])
+def either_smtp_server(request) -> Iterator[SMTPRecorder]:
+    """An SMTP server on loopback; once offering PIPELINING, as Postfix does."""
+    server = SMTPRecorder(pipelining=request.param).start()
+    yield server
+    server.stop()
+
+
+def test_fan_out_over_smtp(settings, either_smtp_server):
+    smtp_server = either_smtp_server
     use_smtp_delivery(settings, smtp_server)
     message = EmailMultiAlternatives(
         subject="Quarterly report",
@@ -461,3 +472,32 @@ def test_mailer_alias_and_fail_silently_option(settings):
     backend = mail.mailers["default"]
     assert backend.alias == "default" and backend.fail_silently is True
     assert backend.send_messages([EmailMessage("s", "b", "no body@", ["a@example.com"])]) == 0
+
+
+def test_the_doors_reach_a_pipelining_server_pipelined(settings, client):
+    """send_mail, mail_admins and the password-reset view, through the drop-in backend and a
+    worker, to an SMTP server that offers PIPELINING: each copy arrives, in one write."""
+    server = ScriptedSMTP().start()
+    try:
+        use_smtp(settings, server.port)
+        settings.ADMINS = (
+            ["ops@example.com"] if django.VERSION >= (6, 0) else [("Ops", "ops@example.com")]
+        )
+        settings.SERVER_EMAIL = "server@example.com"
+        User.objects.create_user("alice", "alice@example.com", "old-password-1")
+
+        assert send_mail("Receipt", "Thanks", "shop@example.com", ["a@example.com"]) == 1
+        mail_admins("Disk full", "Clean up")
+        assert (
+            client.post("/accounts/password_reset/", {"email": "alice@example.com"}).status_code
+            == 302
+        )
+        deliver()
+    finally:
+        server.stop()
+
+    arrived = {t.recipients[0]: t for t in server.transactions}
+    assert sorted(arrived) == ["a@example.com", "alice@example.com", "ops@example.com"]
+    assert all(t.pipelined and t.body for t in arrived.values())
+    assert b"/accounts/reset/" in (arrived["alice@example.com"].body or b"")
+    assert Delivery.objects.filter(status="sent").count() == 3
